@@ -1,0 +1,232 @@
+"""The ``claimkit`` command line (SPEC §8): one typer app.
+
+``serve``, ``submit``, ``sim`` and ``demo`` live here; the operator commands (``inspect``,
+``drain``, ``reclaim``, ``dead``, ``results``, ``cancel``) in :mod:`claimkit._cli_ops`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from ._cli_common import (
+    QueueName,
+    RedisUrl,
+    TransportConfig,
+    TransportConfigFile,
+    config_from,
+    fail,
+    run,
+)
+
+app = typer.Typer(
+    name="claimkit",
+    help="Durable peek -> claim -> ack consumer for Redis sorted-set LLM inference queues.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command()
+def serve(
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+    claim_lease_ttl: Annotated[
+        float | None, typer.Option(help="Lease length, seconds (default 300).", show_default=False)
+    ] = None,
+    claim_reclaim_interval: Annotated[
+        int | None,
+        typer.Option(help="Reclaimer period, milliseconds (default 15000).", show_default=False),
+    ] = None,
+    result_dedup_ttl: Annotated[
+        int | None,
+        typer.Option(help="Dedup marker TTL, seconds; 0 = never expire (default 21600).", show_default=False),
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Requests in flight at once (default 64).", show_default=False)
+    ] = None,
+    request_timeout: Annotated[
+        float | None,
+        typer.Option(help="Per-attempt HTTP timeout cap, seconds (default 300).", show_default=False),
+    ] = None,
+    drain_timeout: Annotated[
+        float | None,
+        typer.Option(help="Grace for in-flight requests on SIGTERM, seconds (default 10).", show_default=False),
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="/metrics port; 0 turns it off (default 9090).", show_default=False)
+    ] = None,
+    health_port: Annotated[
+        int | None,
+        typer.Option(help="/healthz and /readyz port; 0 turns it off (default 8081).", show_default=False),
+    ] = None,
+    store_backend: Annotated[
+        str, typer.Option("--store", help="Redis client: coredis, or redispy (optional extra).")
+    ] = "coredis",
+    log_level: Annotated[str, typer.Option(help="Python logging level.")] = "INFO",
+) -> None:
+    """Consume every configured queue until SIGTERM/SIGINT (SPEC §3-§5).
+
+    On SIGTERM claiming stops, in-flight requests get --drain-timeout to finish, and every
+    claim still held is swept back to pending. A second signal skips the wait.
+
+    Example:
+
+        claimkit serve --redis-url redis://127.0.0.1:6379/0 --transport-config \
+'{"queues":[{"queue_name":"requests","igw_base_url":"http://127.0.0.1:8000"}]}'
+    """
+    config = config_from(
+        transport_config,
+        transport_config_file,
+        redis_url,
+        claim_lease_ttl_seconds=claim_lease_ttl,
+        claim_reclaim_interval_ms=claim_reclaim_interval,
+        result_dedup_ttl_seconds=result_dedup_ttl,
+        concurrency=concurrency,
+        request_timeout_seconds=request_timeout,
+        drain_timeout_seconds=drain_timeout,
+        metrics_port=metrics_port,
+        health_port=health_port,
+    )
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    from ._serve import serve_forever
+
+    summary = run(lambda: serve_forever(config, backend=store_backend), url=config.url)
+    typer.echo(summary.line())
+
+
+@app.command()
+def submit(
+    request: Annotated[
+        str | None,
+        typer.Argument(help="One JSON request; omit to read one JSON request per line from --file/stdin."),
+    ] = None,
+    queue: QueueName = "request-sortedset",
+    file: Annotated[
+        typer.FileText | None, typer.Option("--file", "-f", help="File of JSON lines ('-' = stdin).")
+    ] = None,
+    redis_url: RedisUrl = None,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+) -> None:
+    """Submit requests (SPEC §2.2): a `data` object or a whole envelope per request.
+
+    Each needs `id` and `deadline` (Unix seconds, in the future). Prints the request tokens.
+
+    Example:
+
+        claimkit submit -q requests '{"id":"r1","deadline":1893456000,"payload":{"prompt":"hi"}}'
+    """
+    config = config_from(
+        transport_config, transport_config_file, redis_url, require_queues=False
+    )
+    if request is not None and file is not None:
+        fail("give one JSON request or --file, not both")
+    lines: list[str]
+    if request is not None:
+        lines = [request]
+    else:
+        lines = [line for line in (file or sys.stdin) if line.strip()]
+    docs: list[Any] = []
+    for n, line in enumerate(lines, 1):
+        try:
+            docs.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            fail(f"request {n} is not valid JSON: {exc.msg} at column {exc.colno}")
+
+    async def go() -> list[str]:
+        from ._producer import Producer
+        from ._store import open_store
+
+        async with open_store(config.url) as store:
+            producer = Producer(store, queue)
+            return await producer.submit_many(docs)
+
+    for token in run(go, url=config.url):
+        typer.echo(token)
+
+
+@app.command()
+def sim(
+    port: Annotated[int, typer.Option(help="Port; 0 picks a free one.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    latency: Annotated[
+        str, typer.Option(help="Seconds per answer: '0.05' or a uniform range '0.01,0.2'.")
+    ] = "0",
+    rate_429: Annotated[float, typer.Option("--rate-429", help="Share of 429 answers.")] = 0.0,
+    rate_5xx: Annotated[float, typer.Option("--rate-5xx", help="Share of 500/503 answers.")] = 0.0,
+    rate_hang: Annotated[float, typer.Option(help="Share of requests never answered.")] = 0.0,
+    retry_after: Annotated[
+        str | None, typer.Option(help="Retry-After value sent with 429s.", show_default=False)
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed.", show_default=False)] = None,
+) -> None:
+    """Run the OpenAI-compatible gateway simulator (a development tool, not a model).
+
+    Example:
+
+        claimkit sim --port 8000 --latency 0.01,0.1 --rate-429 0.05
+    """
+    from ._sim import SimConfig, run_sim_forever
+
+    try:
+        parts = [float(x) for x in latency.split(",")]
+    except ValueError:
+        fail(f"--latency must be seconds or 'min,max', got {latency!r}")
+    if len(parts) not in (1, 2) or min(parts) < 0:
+        fail(f"--latency must be seconds or 'min,max', got {latency!r}")
+    low, high = (parts[0], parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    run_sim_forever(
+        SimConfig(
+            host=host,
+            port=port,
+            latency=(low, high),
+            rate_429=rate_429,
+            rate_5xx=rate_5xx,
+            rate_hang=rate_hang,
+            retry_after=retry_after,
+            seed=seed,
+        )
+    )
+
+
+@app.command()
+def demo(
+    requests: Annotated[int, typer.Option(help="How many requests to submit.")] = 300,
+    keep: Annotated[bool, typer.Option(help="Keep the temp dir (Redis AOF, logs).")] = False,
+) -> None:
+    """Run the durability demo: private Redis (AOF always), the simulator, two consumers,
+    one SIGKILLed while it holds claims; ends with a summary where lost must be 0."""
+    from ._demo import run_demo
+
+    raise typer.Exit(run_demo(requests=requests, keep=keep))
+
+
+def _register_operator_commands() -> None:
+    try:
+        from ._cli_ops import register
+    except ImportError:  # pragma: no cover - only while the operator commands are absent
+        return
+    register(app)
+
+
+_register_operator_commands()
+
+
+def main() -> None:
+    """Entry point of the ``claimkit`` script."""
+    # A broken pipe (claimkit results | head) is not an error worth a traceback.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,98 @@
+"""What every ``claimkit`` command shares: the config options (SPEC §6) and one-line errors.
+
+Commands parse their options, then call :func:`run` with an async function. Operator
+mistakes (bad config, unknown queue, Redis unreachable, wrong key type) end as one line on
+stderr and exit status 1, never a traceback. Passwords in Redis URLs are never printed.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import trio
+import typer
+
+from ._config import Config, ConfigError, load_config
+from ._producer import SubmitError
+from ._store import StoreError, StoreUnavailable, redact_url
+
+T = TypeVar("T")
+
+TransportConfig = Annotated[
+    str | None,
+    typer.Option("--transport-config", help="The transport JSON inline (SPEC §6).", show_default=False),
+]
+TransportConfigFile = Annotated[
+    str | None,
+    typer.Option(
+        "--transport-config-file", help="A file holding the transport JSON.", show_default=False
+    ),
+]
+RedisUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--redis-url",
+        help="Redis URL when the JSON has no `url` (else $REDIS_URL).",
+        show_default=False,
+    ),
+]
+QueueName = Annotated[str, typer.Option("--queue", "-q", help="The queue (pending ZSET) name.")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``claimkit: <message>`` on stderr and exit with ``code``."""
+    sys.stderr.write(f"claimkit: {redact_url(message)}\n")
+    sys.stderr.flush()
+    raise typer.Exit(code)
+
+
+def config_from(
+    transport_config: str | None,
+    transport_config_file: str | None,
+    redis_url: str | None,
+    *,
+    require_queues: bool = True,
+    **flags: Any,
+) -> Config:
+    """Load the config or exit with one line."""
+    try:
+        return load_config(
+            inline=transport_config,
+            path=transport_config_file,
+            flags={"url": redis_url, **flags},
+            require_queues=require_queues,
+        )
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+_OPERATOR_ERRORS = (StoreUnavailable, StoreError, ConfigError, SubmitError)
+
+
+def _operator_error(exc: BaseException) -> BaseException | None:
+    """The first operator-facing error in ``exc``, looking inside exception groups."""
+    if isinstance(exc, _OPERATOR_ERRORS):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _operator_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
+    """``trio.run(fn)``, turning Redis and input errors into one line and exit status 1."""
+    try:
+        return trio.run(fn)
+    except Exception as exc:
+        found = _operator_error(exc)
+        if found is None:
+            raise
+        if isinstance(found, StoreUnavailable):
+            fail(f"Redis at {redact_url(url)} is unavailable: {found}")
+        if isinstance(found, StoreError):
+            fail(f"Redis at {redact_url(url)} answered with an error: {found}")
+        fail(str(found))

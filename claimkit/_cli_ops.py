@@ -1,0 +1,695 @@
+"""The operator commands (SPEC §8): ``inspect``, ``drain``, ``reclaim``, ``dead``,
+``results`` and ``cancel``, registered on the main app by :func:`register`.
+
+They share serve's configuration (SPEC §6: ``--transport-config``/``-file``,
+``--redis-url``, ``$REDIS_URL``). A queue named with ``--queue`` must be one of the
+configured queues when the config lists queues; with only a Redis URL any name is
+accepted, and a key of the wrong Redis type is one error line. Every error is one line on
+stderr and exit status 1 (:func:`claimkit._cli_common.run`); passwords are never printed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import trio
+import typer
+
+from ._cli_common import RedisUrl, TransportConfig, TransportConfigFile, config_from, fail, run
+from ._config import Config, ConfigError, QueueConfig
+from ._store import StoreUnavailable, open_store
+
+if TYPE_CHECKING:
+    from ._console import Console
+    from ._store import Store
+
+__all__ = ["register", "watch_queue"]
+
+T = TypeVar("T")
+
+Queue = Annotated[
+    str,
+    typer.Option("--queue", "-q", help="The queue (pending ZSET) name.", show_default=False),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of text.")]
+
+RESULT_LINE_PREVIEW = 160
+"""Characters of a record's payload shown per line by ``results`` without ``--json``."""
+
+FOLLOW_BLOCK_SECONDS = 1.0
+"""How long one ``BRPOP`` of ``results --follow`` blocks (well under the store's 10 s
+reply timeout, so a quiet list is not mistaken for a dead Redis)."""
+
+
+# -- shared plumbing -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """A queue an operator command works on, with where its records go."""
+
+    config: Config
+    queue: str
+    queue_config: QueueConfig | None
+
+    @property
+    def result_lists(self) -> list[str]:
+        """The lists this queue's records go to by config (SPEC §2.3)."""
+        if self.queue_config is not None and self.queue_config.result_queue_name:
+            return [self.queue_config.result_queue_name]
+        return [self.config.result_queue_name]
+
+    def key_types(self) -> dict[str, str]:
+        from ._inspect import queue_key_types
+
+        types = queue_key_types(self.queue)
+        types[self.config.retry_queue_name] = "zset"
+        for name in self.result_lists:
+            types[name] = "list"
+        return types
+
+
+def _target(
+    queue: str,
+    transport_config: str | None,
+    transport_config_file: str | None,
+    redis_url: str | None,
+) -> _Target:
+    """Load the config and resolve ``--queue`` against it, or exit with one line."""
+    config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
+    if not queue:
+        fail("--queue must not be empty")
+    if not config.queues:
+        return _Target(config, queue, None)
+    try:
+        return _Target(config, queue, config.queue(queue))
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _run_until_interrupt(fn: Callable[[], Awaitable[T]], *, url: str) -> T | None:
+    """:func:`run`, where Ctrl-C is the normal way to stop (``--watch``, ``--follow``):
+    it ends quietly with exit status 0 instead of a traceback."""
+    try:
+        return run(fn, url=url)
+    except KeyboardInterrupt:
+        return None
+    except BaseExceptionGroup as group:
+        _, rest = group.split(KeyboardInterrupt)
+        if rest is not None:
+            raise
+        return None
+
+
+def _print_json(doc: Any) -> None:
+    typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+
+
+def _console() -> Console:
+    from ._console import make_console
+
+    return make_console()
+
+
+# -- inspect ---------------------------------------------------------------------------------
+
+
+async def watch_queue(
+    store: Store,
+    queue: str,
+    *,
+    console: Console,
+    key_types: dict[str, str],
+    result_lists: list[str],
+    retry_set: str,
+    limit: int,
+    interval: float,
+    refreshes: int | None = None,
+) -> None:
+    """Redraw the ``inspect`` view every ``interval`` seconds until cancelled or Ctrl-C
+    (or ``refreshes`` views, for tests). While Redis cannot be reached the view says so
+    and keeps trying; a key of the wrong type ends the watch (``WrongKeyType``).
+
+    Cancellation: the normal way out; the last view stays on screen.
+    """
+    from ._console import error_view, live_view, snapshot_view
+    from ._inspect import check_key_types, snapshot
+
+    first_seen: dict[tuple[str, str], float] = {}
+    drawn = 0
+    with live_view(console) as update:
+        while True:
+            try:
+                await check_key_types(store, key_types)
+                snap = await snapshot(
+                    store,
+                    queue,
+                    result_lists=result_lists,
+                    retry_set=retry_set,
+                    limit=limit,
+                    first_seen=first_seen,
+                )
+                update(snapshot_view(snap, url=store.url))
+            except StoreUnavailable as exc:
+                update(error_view(f"Redis at {store.url} is unavailable: {exc}; retrying"))
+            drawn += 1
+            if refreshes is not None and drawn >= refreshes:
+                return
+            await trio.sleep(interval)
+
+
+def inspect_queue(
+    queue: Queue,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Redraw a live table until Ctrl-C.")
+    ] = False,
+    json_out: JsonOut = False,
+    limit: Annotated[int, typer.Option(min=0, help="At most this many claim rows (0 = all).")] = 50,
+    interval: Annotated[
+        float, typer.Option(min=0.1, help="Seconds between redraws with --watch.")
+    ] = 1.0,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Show a queue's state without changing it (SPEC §1, §8).
+
+    Counts (pending, claimed, expired, retrying, dead, results), the oldest pending
+    deadline, and the claims with the earliest lease expiry first: id, owner token
+    (short), lease left on the Redis server clock, deliveries, and (with --watch) how long
+    the claim has been seen held. Expired leases are red: any reclaimer may redeliver them.
+    Reads only the queue's own keys, the retry set and the result list; never KEYS or SCAN.
+
+    Example:
+
+        claimkit inspect --redis-url redis://127.0.0.1:6379/0 --queue requests --watch
+    """
+    if watch and json_out:
+        fail("--watch and --json cannot be combined: --json prints one document")
+    target = _target(queue, transport_config, transport_config_file, redis_url)
+    config = target.config
+    from ._inspect import check_key_types, snapshot
+
+    if watch:
+        console = _console()
+
+        async def watching() -> None:
+            async with open_store(config.url) as store:
+                await check_key_types(store, target.key_types())
+                await watch_queue(
+                    store,
+                    queue,
+                    console=console,
+                    key_types=target.key_types(),
+                    result_lists=target.result_lists,
+                    retry_set=config.retry_queue_name,
+                    limit=limit,
+                    interval=interval,
+                )
+
+        _run_until_interrupt(watching, url=config.url)
+        return
+
+    async def once() -> tuple[Any, str]:
+        async with open_store(config.url) as store:
+            await check_key_types(store, target.key_types())
+            snap = await snapshot(
+                store,
+                queue,
+                result_lists=target.result_lists,
+                retry_set=config.retry_queue_name,
+                limit=limit,
+            )
+            return snap, store.url
+
+    snap, url = run(once, url=config.url)
+    if json_out:
+        _print_json(snap.to_json(url=url))
+    else:
+        from ._console import snapshot_view
+
+        _console().print(snapshot_view(snap, url=url))
+
+
+# -- drain -----------------------------------------------------------------------------------
+
+
+def drain(
+    queue: Queue,
+    release_all: Annotated[
+        bool,
+        typer.Option("--release-all", help="Hand every claim back to pending (required)."),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be released; change nothing.")
+    ] = False,
+    batch_size: Annotated[
+        int, typer.Option(min=1, help="Claims per Redis round trip and release script call.")
+    ] = 500,
+    limit: Annotated[
+        int, typer.Option(min=0, help="With --dry-run: at most this many rows (0 = all).")
+    ] = 50,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Hand every claim of a queue back to pending at its original score (SPEC §3.6).
+
+    Each claim is released fenced by the owner token and lease expiry read just before, in
+    batches: a claim acked, reclaimed or renewed meanwhile is left alone and counted. Safe
+    while consumers run (their heartbeat drops the released work) and safe to run twice.
+    Shows a progress bar on a terminal and ends with one count line.
+
+    Example:
+
+        claimkit drain --redis-url redis://127.0.0.1:6379/0 --queue requests --release-all
+    """
+    if not release_all:
+        fail("drain needs --release-all (add --dry-run to preview what would be released)")
+    target = _target(queue, transport_config, transport_config_file, redis_url)
+    config = target.config
+    from ._console import claims_table, progress_bar
+    from ._drain import DrainReport, drain_claims
+    from ._inspect import QueueSnapshot, check_key_types, snapshot
+
+    async def go() -> tuple[DrainReport, QueueSnapshot | None]:
+        async with open_store(config.url) as store:
+            await check_key_types(store, target.key_types())
+            if dry_run:
+                snap = await snapshot(
+                    store,
+                    queue,
+                    result_lists=target.result_lists,
+                    retry_set=config.retry_queue_name,
+                    limit=limit,
+                )
+                return await drain_claims(store, queue, dry_run=True, batch_size=batch_size), snap
+            with progress_bar(f"releasing {queue} claims") as (set_total, advance):
+                report = await drain_claims(
+                    store, queue, batch_size=batch_size, progress=advance, on_start=set_total
+                )
+            return report, None
+
+    report, snap = run(go, url=config.url)
+    if snap is not None and snap.claims:
+        title = f"claims that would go back to pending ({len(snap.claims)} of {snap.claimed})"
+        _console().print(claims_table(snap.claims, now=snap.server_time, title=title))
+    typer.echo(report.line(queue, dry_run=dry_run))
+    if report.renewed or report.other_owner:
+        typer.echo(
+            "claimkit drain: some claims changed while draining and were left alone; "
+            "run it again to release them",
+            err=True,
+        )
+
+
+# -- reclaim ---------------------------------------------------------------------------------
+
+
+def reclaim(
+    once: Annotated[
+        bool, typer.Option("--once", help="Run one full reclaim run and exit (required).")
+    ] = False,
+    json_out: JsonOut = False,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Redeliver every expired claim of every configured queue, once (SPEC §3.7).
+
+    Each expired claim goes back to pending at its original score with its delivery count
+    raised; one that reaches max_deliveries is dead-lettered with a MAX_DELIVERIES_EXCEEDED
+    record. Passes repeat until no expired claim is left. Meant for cron: prints one
+    summary line (or --json), exit status 0; on a Redis or config error one line and 1.
+    Needs no running consumer.
+
+    Example:
+
+        claimkit reclaim --once --transport-config-file /etc/claimkit/transport.json
+    """
+    if not once:
+        fail("reclaim needs --once (serve runs the reclaimer continuously)")
+    config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
+    if not config.queues:
+        fail(
+            "reclaim --once works on the configured queues: give a transport config "
+            "(--transport-config or --transport-config-file) whose queues list them"
+        )
+    from ._inspect import check_key_types, queue_key_types
+    from ._protocol import QueueOps, ReclaimCounts
+
+    async def go() -> dict[str, ReclaimCounts]:
+        async with open_store(config.url) as store:
+            types: dict[str, str] = {}
+            for q in config.queues:
+                types.update(queue_key_types(q.queue_name))
+            await check_key_types(store, types)
+            out: dict[str, ReclaimCounts] = {}
+            for q in config.queues:
+                ops = QueueOps(
+                    store,
+                    q.queue_name,
+                    result_list=q.result_queue_name,
+                    default_result_list=config.result_queue_name,
+                    dedup_ttl=config.result_dedup_ttl_seconds,
+                )
+                out[q.queue_name] = await ops.reclaim(config.max_deliveries)
+            return out
+
+    per_queue = run(go, url=config.url)
+    total = ReclaimCounts()
+    for counts in per_queue.values():
+        total += counts
+    if json_out:
+        _print_json(
+            {
+                "queues": {
+                    name: {
+                        "redelivered": c.redelivered,
+                        "dead_lettered": c.dead,
+                        "ghosts": c.ghosts,
+                    }
+                    for name, c in per_queue.items()
+                },
+                "redelivered": total.redelivered,
+                "dead_lettered": total.dead,
+                "ghosts": total.ghosts,
+            }
+        )
+    else:
+        typer.echo(
+            f"claimkit reclaim: queues={len(per_queue)} redelivered={total.redelivered} "
+            f"dead_lettered={total.dead} ghosts={total.ghosts}"
+        )
+
+
+# -- dead ------------------------------------------------------------------------------------
+
+dead_app = typer.Typer(
+    name="dead",
+    help="List, requeue or purge a queue's dead letters (<queue>:dead, SPEC §1).",
+    no_args_is_help=True,
+)
+
+
+@dead_app.command("list")
+def dead_list(
+    queue: Queue,
+    limit: Annotated[int, typer.Option(min=0, help="At most this many (0 = all).")] = 50,
+    json_out: JsonOut = False,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """List dead letters, oldest first: id, when it died, its deadline, its size.
+
+    A member without a readable data.deadline cannot be requeued (only purged). With
+    --json each entry carries the exact member text.
+
+    Example:
+
+        claimkit dead list --redis-url redis://127.0.0.1:6379/0 --queue requests
+    """
+    target = _target(queue, transport_config, transport_config_file, redis_url)
+    from ._dead import list_dead
+    from ._inspect import check_key_types
+
+    async def go() -> tuple[int, list[Any], float]:
+        async with open_store(target.config.url) as store:
+            await check_key_types(store, target.key_types())
+            total, letters = await list_dead(store, queue, limit=limit)
+            secs, micros = await store.command("TIME")
+            return total, letters, int(secs) + int(micros) / 1_000_000
+
+    total, letters, now = run(go, url=target.config.url)
+    if json_out:
+        _print_json({"queue": queue, "total": total, "dead": [d.to_json() for d in letters]})
+        return
+    if not letters:
+        typer.echo(f"{queue}:dead is empty")
+        return
+    from ._console import dead_table
+
+    _console().print(dead_table(letters, now=now, total=total, queue=queue))
+
+
+@dead_app.command("requeue")
+def dead_requeue(
+    queue: Queue,
+    ids: Annotated[
+        list[str] | None, typer.Argument(help="Request ids to requeue.", show_default=False)
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Requeue every dead letter.")] = False,
+    keep_marker: Annotated[
+        bool,
+        typer.Option(
+            "--keep-marker",
+            help="Keep result-terminal:<id>, so the rerun's record is suppressed "
+            "(one record per request generation).",
+        ),
+    ] = False,
+    json_out: JsonOut = False,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Put dead letters back in pending at their deadline score, delivery count reset.
+
+    Members move by their exact bytes, atomically per batch. A member without a readable
+    data.deadline stays dead and is reported. The request's dedup marker is removed, so
+    the rerun's terminal record is delivered after the one it got when it died; pass
+    --keep-marker to suppress it instead. Exit status 1 when a named id was not requeued.
+
+    Example:
+
+        claimkit dead requeue --redis-url redis://127.0.0.1:6379/0 --queue requests r1 r2
+    """
+    if bool(ids) == all_:
+        fail("name the ids to requeue or pass --all (not both)")
+    target = _target(queue, transport_config, transport_config_file, redis_url)
+    from ._dead import RequeueReport, requeue_dead
+    from ._inspect import check_key_types
+
+    async def go() -> RequeueReport:
+        async with open_store(target.config.url) as store:
+            await check_key_types(store, target.key_types())
+            return await requeue_dead(
+                store, queue, None if all_ else list(ids or ()), keep_marker=keep_marker
+            )
+
+    report = run(go, url=target.config.url)
+    stuck = [d.id or "?" for d in report.stuck]
+    if json_out:
+        _print_json(
+            {
+                "queue": queue,
+                "requeued": report.requeued,
+                "left_dead": stuck,
+                "not_found": report.not_found,
+            }
+        )
+    else:
+        typer.echo(
+            f"claimkit dead requeue {queue}: requeued={len(report.requeued)} "
+            f"left_dead={len(stuck)} not_found={len(report.not_found)}"
+        )
+    if not all_ and (report.not_found or stuck):
+        problems = []
+        if report.not_found:
+            problems.append("no dead letter for " + ", ".join(report.not_found))
+        if stuck:
+            problems.append("no readable deadline, left dead: " + ", ".join(stuck))
+        fail("; ".join(problems))
+
+
+@dead_app.command("purge")
+def dead_purge(
+    queue: Queue,
+    ids: Annotated[
+        list[str] | None, typer.Argument(help="Request ids to purge.", show_default=False)
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Purge every dead letter.")] = False,
+    older_than: Annotated[
+        float | None,
+        typer.Option(
+            min=0, help="Purge those dead for at least this many seconds.", show_default=False
+        ),
+    ] = None,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Delete dead letters for good: the named ids, --all, or --older-than SECONDS.
+
+    Exactly one of the three. Prints how many were removed.
+
+    Example:
+
+        claimkit dead purge --redis-url redis://127.0.0.1:6379/0 -q requests --older-than 604800
+    """
+    if sum((bool(ids), all_, older_than is not None)) != 1:
+        fail("say what to purge: ids, --all or --older-than SECONDS (exactly one)")
+    target = _target(queue, transport_config, transport_config_file, redis_url)
+    from ._dead import purge_dead
+    from ._inspect import check_key_types
+
+    async def go() -> int:
+        async with open_store(target.config.url) as store:
+            await check_key_types(store, target.key_types())
+            return await purge_dead(
+                store, queue, ids=list(ids) if ids else None, older_than=older_than
+            )
+
+    removed = run(go, url=target.config.url)
+    typer.echo(f"claimkit dead purge {queue}: purged={removed}")
+
+
+# -- results and cancel ----------------------------------------------------------------------
+
+
+def _record_line(raw: bytes, *, as_json: bool) -> str:
+    text = raw.decode("utf-8", errors="replace")
+    if as_json:
+        return text
+    from ._models import TerminalRecord
+
+    try:
+        rec = TerminalRecord.from_json(raw)
+    except ValueError:
+        return f"?  (not a terminal record)  {text[:RESULT_LINE_PREVIEW]}"
+    if rec.error_code is not None:
+        return f"{rec.id}  {rec.error_code}  {rec.error_message}"
+    body = (
+        rec.payload
+        if len(rec.payload) <= RESULT_LINE_PREVIEW
+        else (rec.payload[:RESULT_LINE_PREVIEW] + "…")
+    )
+    status = "-" if rec.status_code is None else str(rec.status_code)
+    return f"{rec.id}  {status}  {body}"
+
+
+def results(
+    list_name: Annotated[
+        str | None,
+        typer.Option(
+            "--list",
+            help="The result list (default: result_queue_name from the config, else result-list).",
+            show_default=False,
+        ),
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep waiting for records (BRPOP) until Ctrl-C.")
+    ] = False,
+    peek: Annotated[
+        bool, typer.Option("--peek", help="Read without removing (not with --follow).")
+    ] = False,
+    count: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="At most this many records (default 100; with --follow: no limit).",
+            show_default=False,
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print each record's exact JSON, one per line.")
+    ] = False,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Read terminal records (SPEC §2.3), oldest first, removing them (RPOP) unless --peek.
+
+    Each line: id, status code or error code, body or error message (--json: the record
+    exactly as stored). --follow blocks for new records like BRPOP until Ctrl-C (or
+    --count records).
+
+    Example:
+
+        claimkit results --redis-url redis://127.0.0.1:6379/0 --list result-list --follow --json
+    """
+    if follow and peek:
+        fail("--peek cannot be combined with --follow: a list cannot be tailed without popping")
+    config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
+    name = list_name or config.result_queue_name
+    if not name:
+        fail("--list must not be empty")
+    from ._inspect import check_key_types
+
+    def emit(raw: bytes) -> None:
+        sys.stdout.write(_record_line(raw, as_json=json_out) + "\n")
+        sys.stdout.flush()
+
+    async def read() -> int:
+        async with open_store(config.url) as store:
+            await check_key_types(store, {name: "list"})
+            n = count or 100
+            if peek:
+                raw = list(reversed(await store.command("LRANGE", name, -n, -1)))
+            else:
+                raw = await store.command("RPOP", name, n) or []
+            for item in raw:
+                emit(item)
+            return len(raw)
+
+    async def follow_list() -> int:
+        seen = 0
+        async with open_store(config.url) as store:
+            await check_key_types(store, {name: "list"})
+            while count is None or seen < count:
+                got = await store.command("BRPOP", name, FOLLOW_BLOCK_SECONDS)
+                if got is not None:
+                    emit(got[1])
+                    seen += 1
+        return seen
+
+    if follow:
+        _run_until_interrupt(follow_list, url=config.url)
+        return
+    if run(read, url=config.url) == 0:
+        typer.echo(f"claimkit results: {name} is empty", err=True)
+
+
+def cancel(
+    ids: Annotated[list[str], typer.Argument(help="Request ids to cancel.", show_default=False)],
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Cancel requests (SPEC §2.2): set request-cancel:<id> to the live generation's token.
+
+    A consumer ends a cancelled request with one CANCELLED record when it claims it; a
+    request already being run is not interrupted. An id with no live generation (unknown,
+    finished or past its deadline) is reported and left alone.
+
+    Example:
+
+        claimkit cancel --redis-url redis://127.0.0.1:6379/0 r1 r2
+    """
+    config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
+    from ._producer import Producer
+
+    async def go() -> list[bool]:
+        async with open_store(config.url) as store:
+            producer = Producer(store, "")
+            return [await producer.cancel(rid) for rid in ids]
+
+    for rid, found in zip(ids, run(go, url=config.url), strict=True):
+        if found:
+            typer.echo(f"{rid}: cancelled")
+        else:
+            typer.echo(f"{rid}: not active (unknown, finished or expired); nothing to cancel")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator commands to ``app`` (called by :mod:`claimkit._cli`)."""
+    app.command("inspect")(inspect_queue)
+    app.command("drain")(drain)
+    app.command("reclaim")(reclaim)
+    app.command("results")(results)
+    app.command("cancel")(cancel)
+    app.add_typer(dead_app, name="dead")

@@ -1,0 +1,247 @@
+"""Configuration (SPEC §6): the llm-d-async ``redis-sortedset`` transport JSON plus flags.
+
+The JSON comes inline (``--transport-config``) or from a file (``--transport-config-file``);
+a flag applies only where the JSON does not set the field; ``url`` falls back to
+``$REDIS_URL``. Every mistake is reported as one :class:`ConfigError` line naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._store import check_url
+
+__all__ = ["Config", "ConfigError", "QueueConfig", "load_config"]
+
+DEFAULT_MAX_DELIVERIES = 10
+GATE_TYPES = ("constant", "redis", "local-max-concurrency")
+
+
+class ConfigError(ValueError):
+    """The configuration is unusable; ``str(err)`` is one line naming the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """One entry of ``queues[]`` (SPEC §6)."""
+
+    queue_name: str
+    igw_base_url: str
+    id: str = ""
+    request_path_url: str = "/v1/completions"
+    inference_objective: str | None = None
+    result_queue_name: str | None = None
+    gate_type: str = "constant"
+    gate_params: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def queue_id(self) -> str:
+        return self.id or self.queue_name
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole consumer configuration. Units are in the field names (SPEC §6).
+
+    ``max_deliveries`` follows SPEC §3.7: 0 means unlimited (not "the default").
+    """
+
+    url: str
+    queues: tuple[QueueConfig, ...]
+    result_queue_name: str = "result-list"
+    retry_queue_name: str = "retry-sortedset"
+    poll_interval_ms: int = 1000
+    batch_size: int = 10
+    claim_lease_ttl_seconds: float = 300.0
+    claim_reclaim_interval_ms: int = 15000
+    result_dedup_ttl_seconds: int = 21600
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    concurrency: int = 64
+    request_timeout_seconds: float = 300.0
+    drain_timeout_seconds: float = 10.0
+    metrics_port: int = 9090
+    health_port: int = 8081
+
+    @property
+    def heartbeat_interval_seconds(self) -> float:
+        """``clamp(claim_lease_ttl / 3, 1 s, 30 s)`` (SPEC §3.3)."""
+        return min(30.0, max(1.0, self.claim_lease_ttl_seconds / 3))
+
+    def queue(self, name: str) -> QueueConfig:
+        """The queue called ``name``. Raises :class:`ConfigError` if it is not configured."""
+        for q in self.queues:
+            if q.queue_name == name:
+                return q
+        known = ", ".join(q.queue_name for q in self.queues) or "none"
+        raise ConfigError(f"unknown queue {name!r} (configured: {known})")
+
+
+# Numeric fields: (type, default). 0 means the default (SPEC §6), except max_deliveries.
+_NUMERIC: dict[str, tuple[type, float]] = {
+    "poll_interval_ms": (int, 1000),
+    "batch_size": (int, 10),
+    "claim_lease_ttl_seconds": (float, 300.0),
+    "claim_reclaim_interval_ms": (int, 15000),
+    "result_dedup_ttl_seconds": (int, 21600),
+    "max_deliveries": (int, DEFAULT_MAX_DELIVERIES),
+    "concurrency": (int, 64),
+    "request_timeout_seconds": (float, 300.0),
+    "drain_timeout_seconds": (float, 10.0),
+    "metrics_port": (int, 9090),
+    "health_port": (int, 8081),
+}
+_ZERO_IS_ZERO = {"max_deliveries", "metrics_port", "health_port"}
+_PORTS = {"metrics_port", "health_port"}
+
+
+def _number(name: str, value: Any) -> float | int:
+    kind, default = _NUMERIC[name]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number, got {json.dumps(value)}")
+    if kind is int and isinstance(value, float):
+        if not value.is_integer():
+            raise ConfigError(f"{name} must be a whole number, got {value}")
+        value = int(value)
+    if value < 0:
+        raise ConfigError(f"{name} must be non-negative")
+    if name in _PORTS and value > 65535:
+        raise ConfigError(f"{name} must be a port number (0 turns the server off), got {value}")
+    if value == 0 and name not in _ZERO_IS_ZERO:
+        return kind(default)  # type: ignore[no-any-return]
+    return kind(value)  # type: ignore[no-any-return]
+
+
+def _string(where: str, value: Any, *, required: bool = False) -> str | None:
+    if value is None:
+        if required:
+            raise ConfigError(f"{where} is required")
+        return None
+    if not isinstance(value, str) or (required and not value):
+        raise ConfigError(f"{where} must be a non-empty string")
+    return value
+
+
+def _str_map(where: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ConfigError(f"{where} must be an object of strings")
+    return dict(value)
+
+
+def _queue(i: int, raw: Any) -> QueueConfig:
+    where = f"queues[{i}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be an object")
+    name = _string(f"{where}.queue_name", raw.get("queue_name"), required=True)
+    base = _string(f"{where}.igw_base_url", raw.get("igw_base_url"), required=True)
+    assert name is not None and base is not None
+    parts = urlsplit(base)
+    if parts.scheme not in {"http", "https"} or not parts.netloc:
+        raise ConfigError(f"{where}.igw_base_url must be an http:// or https:// URL, got {base!r}")
+    gate = _string(f"{where}.gate_type", raw.get("gate_type")) or "constant"
+    if gate not in GATE_TYPES:
+        raise ConfigError(f"{where}.gate_type must be one of {', '.join(GATE_TYPES)}, got {gate!r}")
+    params = raw.get("gate_params") or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where}.gate_params must be an object")
+    return QueueConfig(
+        queue_name=name,
+        igw_base_url=base,
+        id=_string(f"{where}.id", raw.get("id")) or name,
+        request_path_url=_string(f"{where}.request_path_url", raw.get("request_path_url"))
+        or "/v1/completions",
+        inference_objective=_string(f"{where}.inference_objective", raw.get("inference_objective")),
+        result_queue_name=_string(f"{where}.result_queue_name", raw.get("result_queue_name")),
+        gate_type=gate,
+        gate_params=dict(params),
+        labels=_str_map(f"{where}.labels", raw.get("labels")),
+    )
+
+
+def load_config(
+    *,
+    inline: str | None = None,
+    path: str | Path | None = None,
+    flags: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+    require_queues: bool = True,
+) -> Config:
+    """Build a :class:`Config` from the transport JSON and flags (SPEC §6).
+
+    Args:
+        inline: the ``--transport-config`` JSON text.
+        path: the ``--transport-config-file`` path. Mutually exclusive with ``inline``.
+        flags: flag values by config field name (``claim_lease_ttl_seconds``, ``concurrency``,
+            ``url``, ...); ``None`` values are ignored. A flag applies only where the JSON
+            does not set the field.
+        environ: where ``REDIS_URL`` is looked up (default ``os.environ``).
+        require_queues: ``False`` for commands that work without queues (``results``).
+
+    Raises:
+        ConfigError: one line naming the bad field or file.
+    """
+    if inline is not None and path is not None:
+        raise ConfigError("--transport-config and --transport-config-file are mutually exclusive")
+    text, source = inline, "--transport-config"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    raw: Any = {}
+    if text is not None and text.strip():
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source} must hold a JSON object")
+    merged: dict[str, Any] = {k: v for k, v in (flags or {}).items() if v is not None}
+    merged.update({k: v for k, v in raw.items() if v is not None})
+
+    env = os.environ if environ is None else environ
+    url = merged.get("url") or env.get("REDIS_URL")
+    if not url:
+        raise ConfigError("url is required: set it in the transport config, pass --redis-url or set REDIS_URL")
+    if not isinstance(url, str):
+        raise ConfigError("url must be a string")
+    try:
+        check_url(url)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+    values: dict[str, Any] = {}
+    for name in _NUMERIC:
+        if name in merged:
+            values[name] = _number(name, merged[name])
+    for name in ("result_queue_name", "retry_queue_name"):
+        if name in merged:
+            values[name] = _string(name, merged[name], required=True)
+
+    queues_raw = merged.get("queues", [])
+    if not isinstance(queues_raw, list):
+        raise ConfigError("queues must be a list")
+    queues = tuple(_queue(i, q) for i, q in enumerate(queues_raw))
+    if require_queues and not queues:
+        raise ConfigError("queues must list at least one queue")
+    seen_names: set[str] = set()
+    seen_ids: set[str] = set()
+    for q in queues:
+        if q.queue_name in seen_names:
+            raise ConfigError(f"queue_name {q.queue_name!r} is listed twice")
+        if q.queue_id in seen_ids:
+            raise ConfigError(f"queue id {q.queue_id!r} is listed twice")
+        seen_names.add(q.queue_name)
+        seen_ids.add(q.queue_id)
+
+    return Config(url=url, queues=queues, **values)

@@ -1,0 +1,240 @@
+"""Everything ``rich`` draws for the operator commands: tables, the live view, the progress
+bar (SPEC §8). The only module besides ``_cli.py`` allowed to import ``rich``.
+
+Renderers take plain data (:class:`~claimkit._inspect.QueueSnapshot`,
+:class:`~claimkit._dead.DeadLetter`) and return rich renderables; the CLI decides where
+they go. On a terminal they are coloured; piped, rich writes plain text.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from ._dead import DeadLetter
+    from ._inspect import ClaimRow, QueueSnapshot
+
+__all__ = [
+    "Console",
+    "claims_table",
+    "dead_table",
+    "error_view",
+    "format_duration",
+    "format_time",
+    "live_view",
+    "make_console",
+    "progress_bar",
+    "short_token",
+    "snapshot_view",
+]
+
+SHORT_TOKEN = 8
+"""Hex characters of an owner token shown in tables (the JSON output has all of them)."""
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console on stdout (or stderr) that follows the current ``sys`` streams."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def format_time(ts: float | None) -> str:
+    """Unix seconds -> ``2030-01-01T00:00:00Z`` (UTC, whole seconds); ``-`` for ``None``."""
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_duration(seconds: float) -> str:
+    """A compact non-negative duration: ``850ms``, ``12.3s``, ``4m05s``, ``3h02m``, ``2d04h``."""
+    s = abs(seconds)
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 86400:
+        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+
+
+def _relative(ts: float, now: float) -> str:
+    delta = ts - now
+    return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(delta)} ago"
+
+
+def short_token(token: str | None) -> str:
+    """The first :data:`SHORT_TOKEN` hex characters of an owner token (``-`` for none)."""
+    return "-" if token is None else token[:SHORT_TOKEN]
+
+
+def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = None) -> Table:
+    """The claim table: id, owner (short), lease left (server clock), deliveries, held
+    (only when tracked, i.e. with ``--watch``), and its deadline relative to ``now`` (the
+    original pending score it returns at; Unix seconds, server clock).
+
+    Expired leases are shown in bold red; ghost entries (no owner or payload) dimmed.
+    """
+    table = Table(title=title, title_justify="left", expand=False)
+    table.add_column("id", overflow="fold")
+    table.add_column("owner")
+    table.add_column("lease left", justify="right")
+    table.add_column("deliveries", justify="right")
+    tracked = any(row.held_seconds is not None for row in rows)
+    if tracked:
+        table.add_column("held", justify="right")
+    table.add_column("deadline")
+    for row in rows:
+        if row.expired:
+            lease = Text(f"expired {format_duration(row.lease_left)} ago", style="bold red")
+        else:
+            lease = Text(format_duration(row.lease_left))
+        held = "-" if row.held_seconds is None else f"≥{format_duration(row.held_seconds)}"
+        style = "dim" if row.ghost else ("red" if row.expired else "")
+        owner = short_token(row.owner) + (" (ghost)" if row.ghost else "")
+        cells: list[str | Text] = [row.id, owner, lease, str(row.deliveries)]
+        if tracked:
+            cells.append(held)
+        cells.append("-" if row.score is None else _relative(row.score, now))
+        table.add_row(*cells, style=style)
+    return table
+
+
+def _counts(snap: QueueSnapshot) -> Text:
+    text = Text()
+    parts: list[tuple[str, str, str]] = [
+        ("pending", str(snap.pending), ""),
+        ("claimed", str(snap.claimed), ""),
+        ("expired", str(snap.expired), "bold red" if snap.expired else ""),
+        ("retrying", ("" if snap.retrying_exact else "≥") + str(snap.retrying), ""),
+        ("dead", str(snap.dead), "bold yellow" if snap.dead else ""),
+        ("results", str(snap.result_count), ""),
+        ("redelivered", str(snap.redelivered), ""),
+    ]
+    for i, (label, value, style) in enumerate(parts):
+        if i:
+            text.append("  ")
+        text.append(f"{label} ")
+        text.append(value, style=style or "bold")
+    return text
+
+
+def snapshot_view(snap: QueueSnapshot, *, url: str) -> RenderableType:
+    """The ``inspect`` screen: a header, the counts, the oldest deadline, the claim table.
+
+    ``url`` must already be redacted (``Store.url`` is).
+    """
+    header = Text()
+    header.append(f"queue {snap.queue}", style="bold")
+    header.append(f"  on {url}  server time {format_time(snap.server_time)}")
+    oldest = Text("oldest pending deadline ")
+    if snap.oldest_pending_deadline is None:
+        oldest.append("-")
+    else:
+        oldest.append(format_time(snap.oldest_pending_deadline))
+        oldest.append(f" ({_relative(snap.oldest_pending_deadline, snap.server_time)})")
+    lists = ", ".join(f"{name}={n}" for name, n in snap.results.items())
+    detail = Text(
+        f"retry set {snap.retry_set}: {snap.retry_total} in all; result lists: {lists}",
+        style="dim",
+    )
+    shown = f"claims ({len(snap.claims)} of {snap.claimed}, earliest lease expiry first)"
+    parts: list[RenderableType] = [header, _counts(snap), oldest, detail]
+    if snap.claims:
+        parts.append(claims_table(snap.claims, now=snap.server_time, title=shown))
+    else:
+        parts.append(Text("no claims", style="dim"))
+    return Group(*parts)
+
+
+def error_view(message: str) -> RenderableType:
+    """What the live view shows while Redis cannot be read."""
+    return Text(message, style="bold red")
+
+
+def dead_table(letters: Sequence[DeadLetter], *, now: float, total: int, queue: str) -> Table:
+    """The ``dead list`` table: id, when it died, its deadline, its size."""
+    table = Table(
+        title=f"{queue}:dead ({len(letters)} of {total}, oldest first)",
+        title_justify="left",
+    )
+    table.add_column("id", overflow="fold")
+    table.add_column("dead since")
+    table.add_column("deadline")
+    table.add_column("bytes", justify="right")
+    for d in letters:
+        deadline = (
+            Text(format_time(d.deadline))
+            if d.deadline is not None
+            else Text("unreadable (cannot requeue)", style="yellow")
+        )
+        table.add_row(
+            d.id or Text("? (unreadable)", style="yellow"),
+            f"{format_time(d.dead_at)} ({_relative(d.dead_at, now)})",
+            deadline,
+            str(len(d.member)),
+        )
+    return table
+
+
+@contextmanager
+def live_view(console: Console) -> Iterator[Callable[[RenderableType], None]]:
+    """A live region redrawn on each call of the yielded function (``inspect --watch``).
+
+    Nothing refreshes on its own (no background thread): the caller draws when it has read.
+    On a non-terminal the last view is printed once when the block exits.
+    """
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+
+        def update(view: RenderableType) -> None:
+            live.update(view, refresh=True)
+
+        try:
+            yield update
+        finally:
+            if not console.is_terminal:
+                live.stop()
+                console.line()
+
+
+@contextmanager
+def progress_bar(
+    description: str, *, enabled: bool | None = None
+) -> Iterator[tuple[Callable[[int], None], Callable[[int], None]]]:
+    """A progress bar on stderr, shown only when stderr is a terminal (or ``enabled``).
+
+    Yields ``(set_total, advance)``: call ``set_total(n)`` once the work is counted and
+    ``advance(k)`` as it is done. When disabled both do nothing.
+    """
+    show = sys.stderr.isatty() if enabled is None else enabled
+    if not show:
+        yield (lambda _n: None), (lambda _k: None)
+        return
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=make_console(stderr=True),
+        transient=False,
+    )
+    with progress:
+        task = progress.add_task(description, total=None)
+
+        def set_total(n: int) -> None:
+            progress.update(task, total=n)
+
+        def advance(k: int) -> None:
+            progress.advance(task, k)
+
+        yield set_total, advance

@@ -1,0 +1,639 @@
+"""``claimkit serve``: the durable consumer's tasks in one trio nursery (SPEC §3, §5).
+
+Inside :meth:`Consumer.run` run, scoped together:
+
+- a **poller** per queue: peek -> validate (dead-letter what is malformed) -> gate -> claim;
+  each claimed request starts a **worker** task (at most ``concurrency`` at once);
+- the **acker**: terminal records and retry parks from every worker, batched per queue into
+  one script call (SPEC §3.4, §3.5);
+- the **heartbeater**: renews every held claim each ``clamp(ttl/3, 1, 30)`` seconds and
+  cancels the work of any claim found stolen or gone (SPEC §3.3);
+- the **reclaimer** (SPEC §3.7) and the **retry mover** (SPEC §3.5).
+
+Shutdown (SPEC §5) runs in phases: stop claiming; give in-flight work ``drain_timeout``
+seconds; cancel it; flush the acker; then the **sweep** hands every claim still held back
+to pending, shielded under its own deadline. Redis going away never ends the process: each
+task retries with backoff and carries on.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import random
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from ._dispatch import Done, Outcome, Retry, Target, dispatch, open_http_client
+from ._gates import Gate, GateError, make_gate
+from ._metrics import Metrics, QueueMetrics
+from ._models import Envelope, ErrorCode, Invalid, TerminalRecord, parse_member, retry_member
+from ._protocol import AckItem, ClaimCode, QueueOps, move_retries, new_token
+from ._store import StoreError, StoreUnavailable
+
+if TYPE_CHECKING:
+    import httpx
+
+    from ._config import Config, QueueConfig
+    from ._store import Store
+
+__all__ = ["Consumer", "Handler", "QueueRuntime", "Summary"]
+
+log = logging.getLogger("claimkit")
+
+SWEEP_TIMEOUT_SECONDS = 10.0
+"""The shielded sweep's own deadline (SPEC §5). Claims it cannot return lapse and are
+reclaimed by any instance (SPEC §3.7): nothing is lost, only delayed."""
+
+CANCEL_GRACE_SECONDS = 1.0
+"""After in-flight work is cancelled, how long the shutdown waits for it to unwind before
+sweeping claims whose task ignores cancellation."""
+
+ACK_BATCH_MAX = 2000
+
+Handler = Callable[["QueueRuntime", Envelope, float], Awaitable[Outcome]]
+"""``(queue, envelope, server_now) -> Outcome``: what to do with one claimed request.
+The default sends it to the inference gateway (SPEC §4)."""
+
+
+class _Phase(enum.Enum):
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@dataclass
+class Summary:
+    """Counts for the exit line (SPEC §5), for this process only."""
+
+    claimed: int = 0
+    acked: int = 0
+    retried: int = 0
+    released: int = 0
+    duplicates_suppressed: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    lost_claims: int = 0
+
+    def line(self) -> str:
+        return (
+            f"claimkit: claimed={self.claimed} acked={self.acked} retried={self.retried} "
+            f"released={self.released} duplicates_suppressed={self.duplicates_suppressed} "
+            f"redelivered={self.redelivered} dead_lettered={self.dead_lettered} "
+            f"lost_claims={self.lost_claims}"
+        )
+
+
+@dataclass(eq=False)
+class _Held:
+    """A claim this process holds."""
+
+    env: Envelope
+    token: str
+    cancelled: bool = False  # the claim script found a cancel marker
+    scope: trio.CancelScope | None = None
+    lost: bool = False  # the heartbeat found it stolen or gone
+
+
+@dataclass(eq=False)
+class _Job:
+    """A terminal record or a retry park on its way to the acker."""
+
+    queue: QueueRuntime
+    held: _Held
+    record: TerminalRecord | None = None
+    retry_delay: float = 0.0
+    done: trio.Event = field(default_factory=trio.Event)
+    owned: bool = False
+
+
+@dataclass(eq=False)
+class QueueRuntime:
+    """One configured queue as the consumer runs it."""
+
+    config: QueueConfig
+    ops: QueueOps
+    gate: Gate
+    target: Target
+    metrics: QueueMetrics
+    held: dict[str, _Held] = field(default_factory=dict)
+    inflight: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.config.queue_name
+
+
+def _retrying(what: str) -> AsyncRetrying:
+    """Retry a Redis call while Redis is unavailable, with capped jittered backoff."""
+
+    def say(state: Any) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        if state.attempt_number in (1, 10) or state.attempt_number % 50 == 0:
+            log.warning("%s: Redis unavailable (%s); retrying", what, exc)
+
+    return AsyncRetrying(
+        retry=retry_if_exception_type(StoreUnavailable),
+        wait=wait_exponential_jitter(multiplier=0.05, max=2.0),
+        sleep=trio.sleep,
+        before_sleep=say,
+        reraise=True,
+    )
+
+
+class Consumer:
+    """The durable consumer of every configured queue.
+
+    Args:
+        config: the whole configuration (SPEC §6).
+        store: an open store on ``config.url``.
+        handler: what to do with a claimed request; default HTTP dispatch (SPEC §4).
+        http_client: the client the default handler uses (one is opened if ``None``).
+        metrics: where to count (a fresh registry if ``None``).
+        rng: randomness for backoff jitter and the redis gate (seeded in tests).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        *,
+        handler: Handler | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        metrics: Metrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.metrics = metrics or Metrics()
+        self.summary = Summary()
+        self._rng = rng or random.Random()
+        self._handler = handler or self._dispatch
+        self._http = http_client
+        self.queues = [
+            QueueRuntime(
+                config=q,
+                ops=QueueOps(
+                    store,
+                    q.queue_name,
+                    result_list=q.result_queue_name,
+                    default_result_list=config.result_queue_name,
+                    dedup_ttl=config.result_dedup_ttl_seconds,
+                ),
+                gate=make_gate(q, store, self._rng),
+                target=Target(q.igw_base_url, q.request_path_url, q.inference_objective),
+                metrics=self.metrics.for_queue(q),
+            )
+            for q in config.queues
+        ]
+        self._phase = _Phase.RUNNING
+        self._stop = trio.Event()
+        self._hurry = trio.Event()
+        self._slots = trio.CapacityLimiter(config.concurrency)
+        self._offset = 0.0  # server clock - local clock, seconds
+        self._redis_ok = False
+        self._ack_send, self._ack_recv = trio.open_memory_channel[_Job](math.inf)
+        self._poll_scope = trio.CancelScope()
+        self._work_scope = trio.CancelScope()
+        self._workers_done = trio.Event()
+        self._acker_done = trio.Event()
+        self._own_http = http_client is None and handler is None
+
+    # -- public ------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Begin the graceful shutdown (SPEC §5). A second call skips the drain wait."""
+        if self._stop.is_set():
+            self._hurry.set()
+        self._stop.set()
+
+    def ready(self) -> tuple[bool, str]:
+        """For ``/readyz``: ready while Redis answers and no shutdown has begun."""
+        if self._phase is not _Phase.RUNNING:
+            return False, "shutting down"
+        return (True, "ok") if self._redis_ok else (False, "redis unavailable")
+
+    def held_count(self) -> int:
+        return sum(len(q.held) for q in self.queues)
+
+    def now(self) -> float:
+        """The Redis server clock, estimated from the last script reply (Unix seconds)."""
+        return time.time() + self._offset
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> Summary:
+        """Consume until :meth:`request_stop` (or cancellation), then shut down (SPEC §5).
+
+        Returns:
+            The :class:`Summary` of this process.
+
+        Cancellation: if the caller cancels instead of calling :meth:`request_stop`, the
+        sweep still runs (shielded, ``SWEEP_TIMEOUT_SECONDS``) and returns every held claim.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._acker)
+                nursery.start_soon(self._heartbeater)
+                nursery.start_soon(self._reclaimer)
+                nursery.start_soon(self._retry_mover)
+                nursery.start_soon(self._backlog_sampler)
+                await nursery.start(self._work_host)
+                task_status.started()
+                await self._stop.wait()
+                await self._shutdown()
+                # Sweep before the nursery closes: a task that ignores cancellation keeps
+                # the nursery open, but must not keep its claim (SPEC §3.6).
+                with trio.CancelScope(shield=True), trio.move_on_after(SWEEP_TIMEOUT_SECONDS):
+                    await self._sweep()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._phase = _Phase.STOPPED
+            with trio.CancelScope(shield=True), trio.move_on_after(SWEEP_TIMEOUT_SECONDS):
+                await self._sweep()
+            if self._http is not None and self._own_http:
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await self._http.aclose()
+        log.info("%s", self.summary.line())
+        return self.summary
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        self._phase = _Phase.DRAINING
+        self._poll_scope.cancel()
+        log.info("claimkit: stopping: %d claims held, draining up to %.1fs",
+                 self.held_count(), self.config.drain_timeout_seconds)
+        with trio.move_on_after(self.config.drain_timeout_seconds):
+            async with trio.open_nursery() as wait:
+                async def hurry() -> None:
+                    await self._hurry.wait()
+                    wait.cancel_scope.cancel()
+
+                wait.start_soon(hurry)
+                await self._workers_done.wait()
+                wait.cancel_scope.cancel()
+        self._work_scope.cancel()
+        with trio.move_on_after(CANCEL_GRACE_SECONDS):
+            await self._workers_done.wait()
+        # Acks already handed to the acker are flushed before the sweep, so a finished
+        # request is acked rather than released and run again.
+        self._ack_send.close()
+        with trio.CancelScope(shield=True), trio.move_on_after(SWEEP_TIMEOUT_SECONDS):
+            await self._acker_done.wait()
+
+    async def _sweep(self) -> None:
+        """Hand every claim this process still holds back to pending (SPEC §3.6)."""
+        for q in self.queues:
+            items = list(q.held.items())
+            if not items:
+                continue
+            claims = [(rid, h.token, None) for rid, h in items]
+            try:
+                async for attempt in _retrying(f"sweep {q.name}"):
+                    with attempt:
+                        codes = await q.ops.release(claims)
+            except (StoreUnavailable, StoreError) as exc:
+                log.error("sweep %s: %s; %d claims will lapse and be reclaimed", q.name, exc, len(claims))
+                continue
+            for (rid, _h), code in zip(items, codes, strict=True):
+                q.held.pop(rid, None)
+                if code == 1:
+                    self.summary.released += 1
+            q.metrics.claim_depth.set(len(q.held))
+            log.info("sweep %s: released %d of %d claims", q.name, codes.count(1), len(codes))
+
+    # -- polling and claiming ------------------------------------------------------------------
+
+    async def _work_host(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self._work_scope:
+                async with trio.open_nursery() as workers:
+                    self._workers = workers
+                    with self._poll_scope:
+                        async with trio.open_nursery() as pollers:
+                            for q in self.queues:
+                                pollers.start_soon(self._poller, q)
+                            task_status.started()
+        finally:
+            self._workers_done.set()
+
+    async def _reserve(self, wanted: int) -> list[object]:
+        """Wait for one free worker slot, then take up to ``wanted`` without waiting."""
+        first = object()
+        await self._slots.acquire_on_behalf_of(first)
+        slots = [first]
+        while len(slots) < wanted:
+            extra = object()
+            try:
+                self._slots.acquire_on_behalf_of_nowait(extra)
+            except trio.WouldBlock:
+                break
+            slots.append(extra)
+        return slots
+
+    async def _poller(self, q: QueueRuntime) -> None:
+        interval = self.config.poll_interval_ms / 1000
+        while True:
+            slots = await self._reserve(self.config.batch_size)
+            try:
+                busy_head = await self._poll_once(q, slots)
+            except (StoreUnavailable, StoreError) as exc:
+                self._redis_ok = False
+                log.warning("poll %s: %s; retrying", q.name, exc)
+                busy_head = True
+            finally:
+                for slot in slots:
+                    self._slots.release_on_behalf_of(slot)
+            if busy_head:
+                await trio.sleep(interval)
+
+    async def _poll_once(self, q: QueueRuntime, slots: list[object]) -> bool:
+        """One peek -> check -> claim round. Takes ownership of the slots it uses (removes
+        them from ``slots``). Returns True when the poller should wait ``poll_interval``."""
+        members = await q.ops.peek(len(slots))
+        self._redis_ok = True
+        if not members:
+            return True
+        valid: list[Envelope] = []
+        invalid: list[Invalid] = []
+        for raw in members:
+            parsed = parse_member(raw)
+            if isinstance(parsed, Envelope):
+                valid.append(parsed)
+            else:
+                invalid.append(parsed)
+        if invalid:
+            moved, _pushed = await q.ops.dead_letter(invalid)
+            self.summary.dead_lettered += moved
+            q.metrics.dead_lettered.inc(moved)
+            for bad in invalid:
+                log.warning("dead-lettered a malformed member of %s (id %s): %s", q.name, bad.id, bad.reason)
+        now = self.now()
+        expired = [e for e in valid if e.deadline <= now]
+        live = [e for e in valid if e.deadline > now]
+        try:
+            admitted = await q.gate.admit(len(live), q.inflight)
+        except GateError as exc:
+            log.warning("gate of %s: %s; candidates stay pending", q.name, exc)
+            admitted = 0
+        if admitted < len(live):
+            q.metrics.shedded.inc(len(live) - admitted)
+        candidates = expired + live[:admitted]
+        if not candidates:
+            return True  # everything was refused by the gate or dead-lettered: wait
+        pairs = [(env, new_token()) for env in candidates]
+        server_now, codes = await q.ops.claim(pairs, self.config.claim_lease_ttl_seconds)
+        self._offset = server_now - time.time()
+        claimed = 0
+        for (env, token), code in zip(pairs, codes, strict=True):
+            if code not in (ClaimCode.CLAIMED, ClaimCode.CANCELLED):
+                continue
+            held = _Held(env, token, cancelled=code == ClaimCode.CANCELLED)
+            q.held[env.id] = held
+            claimed += 1
+            slot = slots.pop()
+            self._workers.start_soon(self._work, q, held, slot)
+        self.summary.claimed += claimed
+        q.metrics.requests.inc(claimed)
+        q.metrics.claim_depth.set(len(q.held))
+        if len(members) < len(slots) + claimed:
+            return True  # the queue had fewer than we asked for: it is drained for now
+        # Claims lost to another consumer: poll again at once. Busy ids (a live claim on
+        # the same id) stay pending until that claim ends: wait rather than spin on them.
+        return ClaimCode.BUSY in codes and claimed == 0
+
+    # -- workers -------------------------------------------------------------------------------
+
+    async def _dispatch(self, q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        if self._http is None:
+            self._http = open_http_client(self.config.concurrency)
+        return await dispatch(
+            self._http,
+            env,
+            q.target,
+            request_timeout=self.config.request_timeout_seconds,
+            now=now,
+            rng=self._rng,
+        )
+
+    async def _work(self, q: QueueRuntime, held: _Held, slot: object) -> None:
+        env = held.env
+        try:
+            now = self.now()
+            outcome: Outcome | None = None
+            with trio.CancelScope() as scope:
+                held.scope = scope
+                if held.cancelled:
+                    outcome = Done(TerminalRecord.error(env.id, ErrorCode.CANCELLED, "cancelled"))
+                elif env.deadline <= now:
+                    outcome = Done(
+                        TerminalRecord.error(env.id, ErrorCode.DEADLINE_EXCEEDED, "deadline exceeded")
+                    )
+                else:
+                    q.inflight += 1
+                    q.metrics.inflight.inc()
+                    started = time.perf_counter()
+                    try:
+                        outcome = await self._handler(q, env, now)
+                    finally:
+                        q.inflight -= 1
+                        q.metrics.inflight.dec()
+                        q.metrics.latency_ms.observe((time.perf_counter() - started) * 1000)
+            held.scope = None
+            if outcome is None or held.lost:
+                return  # stolen or gone: its result would be a duplicate (SPEC §3.3)
+            job = _Job(q, held)
+            if isinstance(outcome, Retry):
+                job.retry_delay = outcome.delay
+            else:
+                job.record = outcome.record
+            await self._settle(job)
+        finally:
+            self._slots.release_on_behalf_of(slot)
+
+    async def _settle(self, job: _Job) -> None:
+        try:
+            self._ack_send.send_nowait(job)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            # The acker is gone (shutdown); this task outlived the drain. Ack directly: the
+            # sweep may already have returned the claim, and the ack then withdraws that copy
+            # or is suppressed as a duplicate (SPEC §3.6).
+            with trio.CancelScope(shield=True), trio.move_on_after(SWEEP_TIMEOUT_SECONDS):
+                await self._flush([job])
+            return
+        await job.done.wait()
+
+    # -- acker -----------------------------------------------------------------------------
+
+    async def _acker(self) -> None:
+        try:
+            async with self._ack_recv:
+                async for first in self._ack_recv:
+                    batch = [first]
+                    while len(batch) < ACK_BATCH_MAX:
+                        try:
+                            batch.append(self._ack_recv.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    await self._flush(batch)
+        finally:
+            self._acker_done.set()
+
+    async def _flush(self, batch: list[_Job]) -> None:
+        """Ack or park a batch, one script call per queue and kind; retries while Redis is
+        unavailable (the claims stay held and renewed meanwhile, SPEC §3.4)."""
+        groups: dict[tuple[int, bool], list[_Job]] = defaultdict(list)
+        for job in batch:
+            groups[(id(job.queue), job.record is None)].append(job)
+        for (_qid, is_park), jobs in groups.items():
+            q = jobs[0].queue
+            try:
+                if is_park:
+                    await self._park(q, jobs)
+                else:
+                    await self._ack(q, jobs)
+            except StoreError as exc:
+                # A script error is a bug or a foreign key type: keep the claims (they lapse
+                # and are redelivered) and say so.
+                log.error("ack %s: %s; %d claims left to lapse", q.name, exc, len(jobs))
+            finally:
+                for job in jobs:
+                    job.done.set()
+            q.metrics.claim_depth.set(len(q.held))
+
+    async def _ack(self, q: QueueRuntime, jobs: list[_Job]) -> None:
+        items = []
+        for job in jobs:
+            assert job.record is not None
+            env = job.held.env
+            items.append(
+                AckItem(
+                    id=env.id,
+                    token=job.held.token,
+                    request_token=env.request_token,
+                    result_list=q.ops.result_list_for(env.result_queue_name),
+                    record=job.record.to_json(),
+                    member=env.raw,
+                )
+            )
+        async for attempt in _retrying(f"ack {q.name}"):
+            with attempt:
+                results = await q.ops.ack(items)
+        self._redis_ok = True
+        for job, (pushed, owned) in zip(jobs, results, strict=True):
+            job.owned = owned
+            if q.held.get(job.held.env.id) is job.held:
+                del q.held[job.held.env.id]
+            self._count_record(q, job.record, pushed)
+
+    def _count_record(self, q: QueueRuntime, record: TerminalRecord | None, pushed: bool) -> None:
+        if not pushed:
+            self.summary.duplicates_suppressed += 1
+            q.metrics.duplicates_suppressed.inc()
+            return
+        self.summary.acked += 1
+        if record is None:
+            return
+        if record.error_code == ErrorCode.DEADLINE_EXCEEDED:
+            q.metrics.deadline_exceeded.inc()
+        elif record.status_code is not None and 200 <= record.status_code < 300:
+            q.metrics.successes.inc()
+        else:
+            q.metrics.failures.inc()
+
+    async def _park(self, q: QueueRuntime, jobs: list[_Job]) -> None:
+        items = [
+            (j.held.env.id, j.held.token, j.retry_delay, retry_member(j.held.env.raw, q.name))
+            for j in jobs
+        ]
+        async for attempt in _retrying(f"park {q.name}"):
+            with attempt:
+                server_now, codes = await q.ops.park(items, self.config.retry_queue_name)
+        self._offset = server_now - time.time()
+        for job, code in zip(jobs, codes, strict=True):
+            job.owned = code == 1
+            if q.held.get(job.held.env.id) is job.held:
+                del q.held[job.held.env.id]
+            if code == 1:
+                self.summary.retried += 1
+                q.metrics.retries.inc()
+
+    # -- heartbeat, reclaim, retry mover -----------------------------------------------------
+
+    async def _heartbeater(self) -> None:
+        interval = self.config.heartbeat_interval_seconds
+        while True:
+            await trio.sleep(interval)
+            for q in self.queues:
+                try:
+                    await self._renew(q)
+                except (StoreUnavailable, StoreError) as exc:
+                    self._redis_ok = False
+                    log.warning("heartbeat %s: %s; claims will be renewed once it answers", q.name, exc)
+
+    async def _renew(self, q: QueueRuntime) -> None:
+        held = list(q.held.values())
+        if not held:
+            return
+        server_now, codes = await q.ops.renew(
+            [(h.env.id, h.token, h.env.deadline) for h in held], self.config.claim_lease_ttl_seconds
+        )
+        self._redis_ok = True
+        self._offset = server_now - time.time()
+        for h, code in zip(held, codes, strict=True):
+            if code == 1 or q.held.get(h.env.id) is not h:
+                continue
+            # Taken by another owner (-1) or gone (0): the work would produce a duplicate.
+            h.lost = True
+            del q.held[h.env.id]
+            self.summary.lost_claims += 1
+            if h.scope is not None:
+                h.scope.cancel()
+            log.warning("claim on %s in %s was %s; its work is cancelled",
+                        h.env.id, q.name, "taken" if code == -1 else "gone")
+        q.metrics.claim_depth.set(len(q.held))
+
+    async def _reclaimer(self) -> None:
+        interval = self.config.claim_reclaim_interval_ms / 1000
+        while True:
+            for q in self.queues:
+                try:
+                    counts = await q.ops.reclaim(self.config.max_deliveries)
+                except (StoreUnavailable, StoreError) as exc:
+                    log.warning("reclaim %s: %s; retrying next interval", q.name, exc)
+                    continue
+                if counts.redelivered or counts.dead:
+                    log.info("reclaim %s: redelivered=%d dead=%d ghosts=%d",
+                             q.name, counts.redelivered, counts.dead, counts.ghosts)
+                self.summary.redelivered += counts.redelivered
+                self.summary.dead_lettered += counts.dead
+                q.metrics.claims_expired.inc(counts.redelivered)
+                q.metrics.dead_lettered.inc(counts.dead)
+            await trio.sleep(interval)
+
+    async def _retry_mover(self) -> None:
+        interval = min(1.0, self.config.poll_interval_ms / 1000)
+        while True:
+            try:
+                _moved, dead = await move_retries(self.store, self.config.retry_queue_name)
+                if dead:
+                    log.warning("retry mover: %d unroutable members moved to %s:dead",
+                                dead, self.config.retry_queue_name)
+            except (StoreUnavailable, StoreError) as exc:
+                log.warning("retry mover: %s; retrying", exc)
+            await trio.sleep(interval)
+
+    async def _backlog_sampler(self) -> None:
+        while True:
+            for q in self.queues:
+                try:
+                    q.metrics.backlog.set(await self.store.command("ZCARD", q.name))
+                except (StoreUnavailable, StoreError):
+                    pass  # the pollers report Redis trouble; a missed sample is harmless
+            await trio.sleep(5)

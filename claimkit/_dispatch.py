@@ -1,0 +1,403 @@
+"""Dispatch: one HTTP attempt of a claimed request against the inference gateway (SPEC §4).
+
+claimkit retries a request by *parking* it in the retry set (SPEC §3.5), never by looping
+here, so :func:`dispatch` makes exactly one attempt and returns what should happen next:
+
+- :class:`Done` — a terminal record is ready; the caller acks it (SPEC §3.4).
+- :class:`Retry` — park the request for ``delay`` seconds (SPEC §3.5).
+
+The rules, all from SPEC §4:
+
+- ``POST`` the request's ``payload`` as JSON to the gateway base URL joined with the
+  request's ``endpoint`` or the queue's ``request_path_url``. Redirects are not followed
+  (a ``POST`` must not turn into a ``GET``): a 3xx response is the record.
+- Timeout per attempt: ``min(request_timeout, seconds to deadline)``. When that is not
+  positive the request is not sent: the record is ``DEADLINE_EXCEEDED``.
+- No response (connect error, timeout, any transport failure) → ``INFERENCE_ERROR``, not
+  retried. 429, 5xx, or a body that fails to read → retry. Anything else (other 4xx, 2xx,
+  3xx) → a record with that status and the exact body text.
+- Backoff for attempt ``n = retry_count + 1``: see :func:`backoff_delay`. There is no attempt
+  limit, the deadline ends it: when the backoff would leave less than
+  :data:`DEADLINE_MARGIN` seconds before the deadline, past the deadline the last HTTP
+  response becomes the record (``DEADLINE_EXCEEDED`` when there was none), so the request
+  is finished now instead of being parked only to expire.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import os
+import random
+import re
+from dataclasses import dataclass
+from datetime import UTC
+from typing import TYPE_CHECKING, TypeAlias
+
+import httpx
+import msgspec
+import trio
+
+from ._models import ErrorCode, TerminalRecord
+
+if TYPE_CHECKING:
+    from ._models import Envelope
+
+__all__ = [
+    "DEADLINE_MARGIN",
+    "DEFAULT_REQUEST_PATH",
+    "FAIRNESS_HEADER",
+    "OBJECTIVE_HEADER",
+    "Done",
+    "Outcome",
+    "Retry",
+    "Target",
+    "backoff_delay",
+    "build_headers",
+    "build_url",
+    "dispatch",
+    "open_http_client",
+]
+
+DEFAULT_REQUEST_PATH = "/v1/completions"
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+
+DEADLINE_MARGIN = 0.5
+"""Seconds a parked retry must leave before the deadline; a longer backoff ends the request."""
+
+_MAX_BACKOFF = 60.0
+_INFERENCE_ERROR_PREFIX = "Failed to send request to inference: "
+_DEADLINE_MESSAGE = "deadline exceeded"
+_RETRY_AFTER_SECONDS = re.compile(r"\d+(?:\.\d+)?")
+_default_rng = random.Random()
+_log = logging.getLogger("claimkit.dispatch")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one queue's requests go (from its SPEC §6 config entry).
+
+    Attributes:
+        base_url: the gateway base URL (``igw_base_url``); may carry a path prefix.
+        request_path: the default path (``request_path_url``); a request's ``endpoint``
+            overrides it.
+        inference_objective: sent as ``x-gateway-inference-objective`` when set.
+    """
+
+    base_url: str
+    request_path: str = DEFAULT_REQUEST_PATH
+    inference_objective: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Terminal: ack ``record`` (SPEC §3.4)."""
+
+    record: TerminalRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Retryable: park the request for ``delay`` seconds (SPEC §3.5).
+
+    Attributes:
+        delay: backoff in seconds, > 0.
+        last: the record the last HTTP response would make (status and body), or ``None``
+            when the attempt got no readable response (the body failed to read).
+    """
+
+    delay: float
+    last: TerminalRecord | None
+
+
+Outcome: TypeAlias = Done | Retry
+
+
+def build_url(base_url: str, path: str) -> str:
+    """Join the gateway base URL and a request path with exactly one ``/`` between them.
+
+    The base URL's own path is kept as a prefix (``http://gw/prefix/`` + ``/v1/completions``
+    → ``http://gw/prefix/v1/completions``). ``path`` is always treated as a path, even when
+    it looks like a URL, so a request cannot point claimkit at another host. An empty
+    ``path`` gives the base URL unchanged.
+    """
+    if not path:
+        return base_url
+    return base_url.rstrip("/") + "/" + path.lstrip("/")
+
+
+def _put(headers: dict[str, str], name: str, value: str) -> None:
+    """Set a header so that it replaces every case variant of ``name`` already present."""
+    lowered = name.lower()
+    for key in [k for k in headers if k.lower() == lowered]:
+        del headers[key]
+    headers[name] = value
+
+
+def build_headers(env: Envelope, target: Target) -> dict[str, str]:
+    """The HTTP headers of one attempt (SPEC §4), later sources winning.
+
+    In order: ``Content-Type: application/json``; ``x-gateway-inference-objective`` when the
+    queue sets an objective; the request's own ``headers``; ``x-llm-d-inference-fairness-id``
+    = ``metadata["userid"]`` when that is present and non-empty. Header names compare
+    case-insensitively, so a later header replaces any case variant of an earlier one
+    instead of being sent twice.
+    """
+    headers: dict[str, str] = {}
+    _put(headers, "Content-Type", "application/json")
+    if target.inference_objective:
+        _put(headers, OBJECTIVE_HEADER, target.inference_objective)
+    for name, value in env.headers.items():
+        _put(headers, name, value)
+    userid = env.metadata.get("userid")
+    if userid:
+        _put(headers, FAIRNESS_HEADER, userid)
+    return headers
+
+
+def _retry_after_seconds(value: str | None, now: float) -> float | None:
+    """Seconds from ``now`` that a ``Retry-After`` value asks for, or ``None`` if unusable.
+
+    Accepts delay-seconds (``"120"``, also a decimal ``"1.5"``) and an HTTP-date
+    (``"Wed, 21 Oct 2015 07:28:00 GMT"``; one without a zone is read as UTC).
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if _RETRY_AFTER_SECONDS.fullmatch(text):
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp() - now
+
+
+def backoff_delay(
+    attempt: int,
+    seconds_left: float,
+    retry_after: str | None,
+    *,
+    now: float,
+    rng: random.Random,
+) -> float:
+    """The backoff in seconds before attempt ``attempt + 1`` (SPEC §4).
+
+    With ``s = seconds_left`` and ``t = min(60, s, 2 · 2^attempt)``, the delay is uniform in
+    ``[t/2, t)``. A ``Retry-After`` asking for more than that is honoured, capped at ``s/2``
+    so one more attempt still fits before the deadline, plus up to 25 % jitter
+    (``min(retry_after, s/2) · (1 + U[0, 0.25))``); the delay is never shorter than the
+    computed backoff, so a cap below it leaves the backoff as it was. A ``Retry-After`` that
+    cannot be parsed is ignored.
+
+    Args:
+        attempt: the attempt that just failed, ``n = retry_count + 1``; values below 1 are
+            treated as 1.
+        seconds_left: seconds until the request's deadline.
+        retry_after: the response's ``Retry-After`` header (seconds or HTTP-date), if any.
+        now: the current Unix time in seconds; an HTTP-date is measured from it.
+        rng: the random source, so tests can seed it. The backoff draw comes first; the
+            jitter draw is taken only when ``Retry-After`` is honoured.
+
+    Returns:
+        The delay in seconds; ``0.0`` when ``seconds_left`` is not positive.
+    """
+    if seconds_left <= 0:
+        return 0.0
+    exponent = min(max(attempt, 1), 16)  # 2·2^16 is far above the 60 s cap already
+    t = min(_MAX_BACKOFF, seconds_left, 2.0 * 2.0**exponent)
+    delay = t / 2 + rng.random() * (t / 2)
+    wanted = _retry_after_seconds(retry_after, now)
+    if wanted is not None and wanted > delay:
+        honoured = min(wanted, seconds_left / 2) * (1.0 + 0.25 * rng.random())
+        delay = max(delay, honoured)
+    return delay
+
+
+def _format_seconds(seconds: float) -> str:
+    return f"{seconds:.3f}".rstrip("0").rstrip(".") + " s"
+
+
+def _os_reason(exc: BaseException) -> str | None:
+    """The ``strerror`` of the innermost OS error behind ``exc`` (e.g. ``Connection refused``)."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    found: str | None = None
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.strerror:
+            # trio folds the address into strerror; the errno's own text is the short part.
+            found = os.strerror(cur.errno) if cur.errno and cur.errno > 0 else cur.strerror
+        if isinstance(cur, BaseExceptionGroup):
+            stack.extend(reversed(cur.exceptions))
+        for nxt in (cur.__cause__, cur.__context__):
+            if nxt is not None:
+                stack.append(nxt)
+    return found
+
+
+def _describe(exc: Exception, timeout: float) -> str:
+    """A short, never empty, human reason for a failed send (the ``<err>`` of SPEC §2.3)."""
+    limit = _format_seconds(timeout)
+    if isinstance(exc, httpx.ConnectTimeout):
+        return f"timed out connecting after {limit}"
+    if isinstance(exc, httpx.WriteTimeout):
+        return f"timed out sending the request after {limit}"
+    if isinstance(exc, httpx.PoolTimeout):
+        return f"no free connection within {limit}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"no response within {limit}"
+    text = str(exc).strip()
+    errno_text = _os_reason(exc)
+    if errno_text and errno_text not in text:
+        text = f"{text} ({errno_text})" if text else errno_text
+    return text or type(exc).__name__
+
+
+def _deadline_record(env: Envelope) -> TerminalRecord:
+    return TerminalRecord.error(env.id, ErrorCode.DEADLINE_EXCEEDED, _DEADLINE_MESSAGE)
+
+
+def _inference_error(env: Envelope, reason: str) -> Done:
+    return Done(
+        TerminalRecord.error(env.id, ErrorCode.INFERENCE_ERROR, _INFERENCE_ERROR_PREFIX + reason)
+    )
+
+
+async def dispatch(
+    client: httpx.AsyncClient,
+    env: Envelope,
+    target: Target,
+    *,
+    request_timeout: float,
+    now: float,
+    rng: random.Random | None = None,
+) -> Outcome:
+    """Send one request to the gateway once and decide what happens next (SPEC §4).
+
+    Args:
+        client: a client from :func:`open_http_client` (it must not follow redirects).
+        env: the claimed request.
+        target: the queue's gateway.
+        request_timeout: the per-attempt limit in seconds (``--request-timeout``, 300 s).
+        now: the current Unix time in seconds, from the same clock as ``env.deadline``.
+            Time spent inside this call is measured with trio's monotonic clock and added.
+        rng: random source of the backoff jitter; a module-level one when ``None``.
+
+    Returns:
+        :class:`Done` with the terminal record: the HTTP status and exact body text of a
+        final response; ``DEADLINE_EXCEEDED`` if no time was left to send (nothing is
+        sent then); ``INFERENCE_ERROR`` with message ``Failed to send request to
+        inference: <reason>`` when no response was had (connect failure, timeout, transport
+        error, or a request httpx refuses to build). Or :class:`Retry` for 429, 5xx and
+        unreadable bodies — unless its backoff would leave less than
+        :data:`DEADLINE_MARGIN` seconds before the deadline: past the deadline the last
+        HTTP response becomes the record (``Done(last)``), or ``DEADLINE_EXCEEDED`` when the
+        attempt had no readable response.
+
+    Raises:
+        Nothing for HTTP or network failures; they become outcomes.
+
+    Cancellation:
+        Safe at any point: the request may or may not have reached the gateway, the
+        response (if any) is closed and its connection released, and nothing else is
+        changed. The caller still owns the claim and decides what becomes of it.
+    """
+    seconds_left = env.deadline - now
+    timeout = min(request_timeout, seconds_left)
+    if timeout <= 0:
+        return Done(_deadline_record(env))
+
+    started = trio.current_time()
+    url = build_url(target.base_url, env.endpoint or target.request_path)
+    try:
+        request = client.build_request(
+            "POST",
+            url,
+            content=msgspec.json.encode(env.payload),
+            # As bytes, UTF-8: a non-ASCII header value is sent as is (as Go's net/http
+            # does) rather than failing in httpx's ASCII encoder.
+            headers=[(k.encode(), v.encode()) for k, v in build_headers(env, target).items()],
+            timeout=httpx.Timeout(timeout),
+        )
+    except (httpx.InvalidURL, ValueError) as exc:
+        return _inference_error(env, f"invalid request: {exc}")
+
+    status: int | None = None
+    body: str | None = None
+    retry_after: str | None = None
+    failure = ""
+    # httpx's timeouts bound each phase; this scope bounds the whole attempt, including a
+    # body that trickles in forever.
+    with trio.move_on_after(timeout):
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            failure = _describe(exc, timeout)
+        else:
+            status = response.status_code
+            retry_after = response.headers.get("Retry-After")
+            try:
+                await response.aread()
+                body = response.text
+            except (httpx.HTTPError, httpx.StreamError) as exc:
+                failure = _describe(exc, timeout)
+            finally:
+                await response.aclose()
+
+    if status is None:
+        return _inference_error(env, failure or f"no response within {_format_seconds(timeout)}")
+
+    last: TerminalRecord | None = None
+    if body is not None:
+        last = TerminalRecord.http(env.id, status, body)
+        if status != 429 and not 500 <= status <= 599:
+            return Done(last)
+
+    # Retryable: 429, 5xx, or the body failed to read (status known, body is None).
+    if body is None:
+        _log.debug(
+            "request %s: the body of a %d response failed to read: %s",
+            env.id,
+            status,
+            failure or f"not complete within {_format_seconds(timeout)}",
+        )
+    now_after = now + (trio.current_time() - started)
+    left = env.deadline - now_after
+    delay = backoff_delay(
+        env.retry_count + 1, left, retry_after, now=now_after, rng=rng or _default_rng
+    )
+    if delay >= left - DEADLINE_MARGIN:
+        return Done(last if last is not None else _deadline_record(env))
+    return Retry(delay, last)
+
+
+def open_http_client(concurrency: int) -> httpx.AsyncClient:
+    """A gateway client for up to ``concurrency`` requests in flight at once.
+
+    Redirects are not followed (SPEC §4). The pool keeps up to ``concurrency`` connections,
+    all reusable (keep-alive 30 s), so a full worker pool never waits for a connection.
+    The default timeout (300 s) is only a backstop: :func:`dispatch` sets one per attempt.
+    Use it as ``async with open_http_client(n) as client:`` so its connections are closed.
+
+    Raises:
+        ValueError: ``concurrency`` is below 1.
+    """
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    return httpx.AsyncClient(
+        follow_redirects=False,
+        limits=httpx.Limits(
+            max_connections=concurrency,
+            max_keepalive_connections=concurrency,
+            keepalive_expiry=30.0,
+        ),
+        timeout=httpx.Timeout(300.0),
+        headers={"User-Agent": "claimkit"},
+    )

@@ -1,0 +1,136 @@
+"""Operator hand-back of every claim of a queue (``claimkit drain --release-all``, SPEC §3.6).
+
+Each claim goes back to pending at its original score through the fenced release script
+(:meth:`QueueOps.release <claimkit._protocol.QueueOps.release>`), with the owner token and
+the lease expiry read just before: a claim acked, released, reclaimed or renewed since it
+was read is left alone. Safe to run while consumers run, and safe to run twice: a second
+run finds nothing (or only claims taken since) to release.
+
+The consumer that held a released claim learns it at its next heartbeat (the claim is gone,
+SPEC §3.3) and cancels the work; if the work finishes first, its ack still pushes the one
+terminal record and withdraws the pending copy (SPEC §3.4), so nothing runs to two records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ._protocol import CHUNK, QueueOps
+
+if TYPE_CHECKING:
+    from ._store import Store
+
+__all__ = ["DrainReport", "drain_claims", "list_claim_ids"]
+
+
+@dataclass
+class DrainReport:
+    """What one drain did, per claim outcome.
+
+    Attributes:
+        seen: claims listed in ``<q>:claims-idx`` when the drain started.
+        released: handed back to pending at their original score.
+        gone: acked, released or reclaimed by someone else before their turn.
+        renewed: renewed since read (lease expiry changed); left alone.
+        other_owner: re-claimed by another token since read; left alone.
+        ghosts: index entries without an owner (the next reclaim run removes them).
+    """
+
+    seen: int = 0
+    released: int = 0
+    gone: int = 0
+    renewed: int = 0
+    other_owner: int = 0
+    ghosts: int = 0
+
+    def line(self, queue: str, *, dry_run: bool = False) -> str:
+        """The final count line."""
+        if dry_run:
+            return (
+                f"claimkit drain {queue}: dry run: would release {self.released} of "
+                f"{self.seen} claims ({self.ghosts} ghosts skipped); nothing changed"
+            )
+        return (
+            f"claimkit drain {queue}: released={self.released} of {self.seen} claims "
+            f"gone={self.gone} renewed={self.renewed} other_owner={self.other_owner} "
+            f"ghosts={self.ghosts}"
+        )
+
+
+async def list_claim_ids(store: Store, queue: str) -> list[str]:
+    """Every id in ``<q>:claims-idx``, earliest lease expiry first (one ``ZRANGE``)."""
+    index = QueueOps(store, queue).keys.index
+    return [rid.decode() for rid in await store.command("ZRANGE", index, 0, -1)]
+
+
+async def drain_claims(
+    store: Store,
+    queue: str,
+    *,
+    batch_size: int = CHUNK,
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> DrainReport:
+    """Release every claim of ``queue`` back to pending, fenced per claim (SPEC §3.6).
+
+    The claims are listed once; then, per batch of ``batch_size`` ids, one ``MULTI``
+    reads their owner tokens (``HMGET``) and lease expiries (``ZMSCORE``) and one release
+    script call hands them back, each only if its owner and expiry are still the ones read.
+
+    Args:
+        store: an open store.
+        queue: ``<q>``.
+        batch_size: ids per batch (at least 1).
+        dry_run: read and count what would be released; change nothing.
+        progress: called with the number of claims handled after each batch.
+        on_start: called once with the number of claims listed.
+
+    Returns:
+        A :class:`DrainReport`.
+
+    Raises:
+        ValueError: ``batch_size`` < 1.
+        StoreUnavailable, StoreError: from the store; batches already done stay done.
+
+    Cancellation: each batch is atomic in Redis; a cancelled drain leaves earlier batches
+    released and later claims untouched. Running it again finishes the job.
+    """
+    if batch_size < 1:
+        raise ValueError("batch size must be at least 1")
+    ops = QueueOps(store, queue)
+    ids = await list_claim_ids(store, queue)
+    report = DrainReport(seen=len(ids))
+    if on_start is not None:
+        on_start(len(ids))
+    for start in range(0, len(ids), batch_size):
+        batch = ids[start : start + batch_size]
+        owners, expiries = await store.pipeline(
+            [("HMGET", ops.keys.owners, *batch), ("ZMSCORE", ops.keys.index, *batch)],
+            transaction=True,
+        )
+        claims: list[tuple[str, str, float | None]] = []
+        for rid, owner, expiry in zip(batch, owners, expiries, strict=True):
+            if expiry is None:
+                report.gone += 1
+            elif owner is None:
+                report.ghosts += 1
+            else:
+                claims.append((rid, owner.decode(), float(expiry)))
+        if dry_run:
+            report.released += len(claims)
+        elif claims:
+            for code in await ops.release(claims):
+                if code == 1:
+                    report.released += 1
+                elif code == 0:
+                    report.gone += 1
+                elif code == -1:
+                    report.other_owner += 1
+                else:
+                    report.renewed += 1
+        if progress is not None:
+            progress(len(batch))
+    return report

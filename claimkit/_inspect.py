@@ -1,0 +1,352 @@
+"""Read-only views of a queue for operators (``claimkit inspect``, SPEC §8).
+
+:func:`snapshot` reads one queue's keys (SPEC §1) with the read-only ``inspect`` script, so
+its counts and claim rows describe one instant of the Redis server clock, then the retry
+set and the result lists with one pipeline. Nothing is written and nothing scans the
+keyspace (no ``KEYS``/``SCAN``): every key read is named by the queue.
+
+:func:`check_key_types` turns a key of the wrong Redis type (a ``--queue`` that names a
+string, say) into one :class:`WrongKeyType` line before any script meets it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from . import _keys
+from ._config import ConfigError
+from ._scripts import script
+
+if TYPE_CHECKING:
+    from ._store import Store
+
+__all__ = [
+    "RETRY_SCAN_MAX",
+    "ClaimRow",
+    "QueueSnapshot",
+    "WrongKeyType",
+    "check_key_types",
+    "queue_key_types",
+    "snapshot",
+    "with_scores",
+]
+
+RETRY_SCAN_MAX = 1000
+"""At most this many retry-set members are read to count the ones routed to a queue. A
+larger retry set is counted as a lower bound (``retrying_exact`` False)."""
+
+_TYPE_NAMES = {
+    "zset": "a sorted set",
+    "hash": "a hash",
+    "list": "a list",
+    "string": "a string",
+    "set": "a set",
+    "stream": "a stream",
+}
+
+
+class WrongKeyType(ConfigError):
+    """A key claimkit reads holds another Redis type than the layout says (SPEC §1).
+
+    ``str(err)`` is one line naming the key, what it holds and what was expected.
+    """
+
+
+def queue_key_types(queue: str) -> dict[str, str]:
+    """The Redis type of every per-queue key of ``queue`` (SPEC §1), by key name."""
+    k = _keys.QueueKeys.for_queue(queue)
+    return {
+        k.pending: "zset",
+        k.claimed: "hash",
+        k.owners: "hash",
+        k.index: "zset",
+        k.deliveries: "hash",
+        k.dead: "zset",
+    }
+
+
+async def check_key_types(store: Store, expected: Mapping[str, str]) -> None:
+    """Check that every existing key of ``expected`` (key -> ``TYPE`` name) has that type.
+
+    Missing keys are fine (an empty queue). One pipelined round trip of ``TYPE`` calls.
+
+    Raises:
+        WrongKeyType: the first key holding another type, as one line.
+        StoreUnavailable, StoreError: from the store.
+    """
+    names = list(expected)
+    if not names:
+        return
+    replies = await store.pipeline([("TYPE", name) for name in names], transaction=False)
+    for name, reply in zip(names, replies, strict=True):
+        found = _text(reply)
+        want = expected[name]
+        if found not in ("none", want):
+            raise WrongKeyType(
+                f"key {name!r} holds {_TYPE_NAMES.get(found, found)}, not "
+                f"{_TYPE_NAMES.get(want, want)}: is the queue or list name right?"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRow:
+    """One claim of ``<q>:claims-idx`` (SPEC §1) as the snapshot saw it.
+
+    Attributes:
+        id: the request id (the index member).
+        owner: the ownership token, or ``None`` for a ghost index entry with no owner.
+        lease_expiry: Unix seconds, Redis server clock.
+        lease_left: ``lease_expiry - server_time``, seconds; ``<= 0`` means expired.
+        score: the original pending score (``<id>:score``), Unix seconds, or ``None``.
+        deliveries: ``<q>:deliveries[id]``, 0 when absent.
+        has_payload: whether ``<q>:claimed[id]`` holds the member bytes (a claim without
+            them is a ghost, removed by the next reclaim run, SPEC §3.7).
+        held_seconds: how long this claim (same id and token) has been seen held by the
+            caller's ``first_seen`` tracker, seconds; ``None`` when not tracked. The layout
+            records no claim time, so a single snapshot cannot know it.
+    """
+
+    id: str
+    owner: str | None
+    lease_expiry: float
+    lease_left: float
+    score: float | None
+    deliveries: int
+    has_payload: bool
+    held_seconds: float | None = None
+
+    @property
+    def expired(self) -> bool:
+        """The lease has lapsed by the server clock; any reclaimer may redeliver it."""
+        return self.lease_left <= 0
+
+    @property
+    def ghost(self) -> bool:
+        """An index entry without an owner or a payload (SPEC §3.7 ghost)."""
+        return self.owner is None or not self.has_payload
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "owner": self.owner,
+            "lease_expiry": self.lease_expiry,
+            "lease_left_seconds": round(self.lease_left, 6),
+            "expired": self.expired,
+            "score": self.score,
+            "deliveries": self.deliveries,
+            "ghost": self.ghost,
+            "held_seconds": None if self.held_seconds is None else round(self.held_seconds, 6),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """What :func:`snapshot` read. Times are Unix seconds on the Redis server clock.
+
+    Attributes:
+        queue: ``<q>``.
+        server_time: the instant the queue's keys were read.
+        pending: ``ZCARD <q>``.
+        oldest_pending_deadline: the lowest pending score (the next deadline), or ``None``.
+        claimed: ``ZCARD <q>:claims-idx`` (claims, ghosts included).
+        expired: claims whose lease expiry is ``<= server_time``.
+        dead: ``ZCARD <q>:dead``.
+        redelivered: requests with a delivery count (``HLEN <q>:deliveries``).
+        retry_set: the retry ZSET's name.
+        retry_total: ``ZCARD`` of the retry set (every queue's members).
+        retrying: members of the retry set routed to this queue.
+        retrying_exact: ``False`` when the retry set was larger than
+            :data:`RETRY_SCAN_MAX`; ``retrying`` is then a lower bound.
+        results: ``LLEN`` of each result list this queue writes to, by name.
+        claims: up to ``limit`` claim rows, earliest lease expiry first.
+        limit: the row bound asked for (0 = all).
+    """
+
+    queue: str
+    server_time: float
+    pending: int
+    oldest_pending_deadline: float | None
+    claimed: int
+    expired: int
+    dead: int
+    redelivered: int
+    retry_set: str
+    retry_total: int
+    retrying: int
+    retrying_exact: bool
+    results: dict[str, int]
+    claims: tuple[ClaimRow, ...]
+    limit: int
+
+    @property
+    def result_count(self) -> int:
+        """Records waiting in this queue's result lists."""
+        return sum(self.results.values())
+
+    def to_json(self, *, url: str | None = None) -> dict[str, Any]:
+        """The ``inspect --json`` document. ``url`` must already be redacted."""
+        doc: dict[str, Any] = {"queue": self.queue}
+        if url is not None:
+            doc["redis_url"] = url
+        doc.update(
+            {
+                "server_time": self.server_time,
+                "counts": {
+                    "pending": self.pending,
+                    "claimed": self.claimed,
+                    "expired": self.expired,
+                    "retrying": self.retrying,
+                    "dead": self.dead,
+                    "results": self.result_count,
+                    "redelivered": self.redelivered,
+                },
+                "oldest_pending_deadline": self.oldest_pending_deadline,
+                "retry_set": {
+                    "name": self.retry_set,
+                    "total": self.retry_total,
+                    "for_queue": self.retrying,
+                    "exact": self.retrying_exact,
+                },
+                "result_lists": dict(self.results),
+                "limit": self.limit,
+                "claims_truncated": len(self.claims) < self.claimed,
+                "claims": [row.to_json() for row in self.claims],
+            }
+        )
+        return doc
+
+
+def with_scores(reply: Sequence[Any]) -> list[tuple[bytes, float]]:
+    """``(member, score)`` pairs of a ``... WITHSCORES`` reply, in either shape: RESP3's
+    list of pairs (coredis) or RESP2's flat ``member, score, ...`` list."""
+    if reply and isinstance(reply[0], list | tuple):
+        return [(member, float(score)) for member, score in reply]
+    return [(reply[i], float(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _routed_to(member: bytes, queue: str) -> bool:
+    """Whether a retry-set member goes back to ``queue`` (its ``internal.request_queue_name``)."""
+    try:
+        doc = json.loads(member)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    internal = doc.get("internal") if isinstance(doc, dict) else None
+    return isinstance(internal, dict) and internal.get("request_queue_name") == queue
+
+
+async def snapshot(
+    store: Store,
+    queue: str,
+    *,
+    result_lists: Sequence[str] = ("result-list",),
+    retry_set: str = "retry-sortedset",
+    limit: int = 50,
+    first_seen: MutableMapping[tuple[str, str], float] | None = None,
+) -> QueueSnapshot:
+    """Read one queue's state without changing it (SPEC §1, §8 ``inspect``).
+
+    Two round trips: the read-only ``inspect`` script for the queue's own keys (one
+    consistent instant), then one pipeline for the retry set and the result lists.
+
+    Args:
+        store: an open store.
+        queue: ``<q>``.
+        result_lists: the lists whose ``LLEN`` is reported as ``results``.
+        retry_set: the retry ZSET (``retry_queue_name``).
+        limit: at most this many claim rows, earliest lease expiry first; 0 = all.
+        first_seen: a tracker kept across calls (``--watch``): ``(id, token)`` -> the
+            server time the claim was first seen. It is updated here (claims gone are
+            forgotten) and gives each row its ``held_seconds``. ``None``: not tracked.
+
+    Returns:
+        A :class:`QueueSnapshot`.
+
+    Raises:
+        ValueError: ``limit`` is negative.
+        StoreUnavailable, StoreError: from the store.
+
+    Cancellation: nothing is written, so a cancelled call leaves no trace.
+    """
+    if limit < 0:
+        raise ValueError("limit must be 0 (all) or more")
+    k = _keys.QueueKeys.for_queue(queue)
+    reply = await store.run(
+        script("inspect"), [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead], [limit]
+    )
+    now = float(reply[0])
+    rows: list[ClaimRow] = []
+    raw_rows = reply[7:]
+    for i in range(0, len(raw_rows), 6):
+        rid, expiry, owner, score, deliveries, has_payload = raw_rows[i : i + 6]
+        lease_expiry = float(expiry)
+        rows.append(
+            ClaimRow(
+                id=_text(rid),
+                owner=None if owner is None else _text(owner),
+                lease_expiry=lease_expiry,
+                lease_left=lease_expiry - now,
+                score=_float(score),
+                deliveries=0 if deliveries is None else int(deliveries),
+                has_payload=bool(int(has_payload)),
+            )
+        )
+    if first_seen is not None:
+        rows = _track_held(rows, now, first_seen)
+
+    lists = list(dict.fromkeys(result_lists))
+    extra = await store.pipeline(
+        [
+            ("ZCARD", retry_set),
+            ("ZRANGE", retry_set, 0, RETRY_SCAN_MAX - 1),
+            *(("LLEN", name) for name in lists),
+        ],
+        transaction=True,
+    )
+    retry_total = int(extra[0])
+    retrying = sum(1 for member in extra[1] if _routed_to(member, queue))
+    return QueueSnapshot(
+        queue=queue,
+        server_time=now,
+        pending=int(reply[1]),
+        oldest_pending_deadline=_float(reply[2]),
+        claimed=int(reply[3]),
+        expired=int(reply[4]),
+        dead=int(reply[5]),
+        redelivered=int(reply[6]),
+        retry_set=retry_set,
+        retry_total=retry_total,
+        retrying=retrying,
+        retrying_exact=retry_total <= RETRY_SCAN_MAX,
+        results={name: int(n) for name, n in zip(lists, extra[2:], strict=True)},
+        claims=tuple(rows),
+        limit=limit,
+    )
+
+
+def _track_held(
+    rows: list[ClaimRow], now: float, first_seen: MutableMapping[tuple[str, str], float]
+) -> list[ClaimRow]:
+    current: set[tuple[str, str]] = set()
+    out: list[ClaimRow] = []
+    for row in rows:
+        if row.owner is None:
+            out.append(row)
+            continue
+        key = (row.id, row.owner)
+        current.add(key)
+        since = first_seen.setdefault(key, now)
+        out.append(replace(row, held_seconds=now - since))
+    for key in [key for key in first_seen if key not in current]:
+        del first_seen[key]
+    return out

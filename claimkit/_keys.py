@@ -1,0 +1,70 @@
+"""Every Redis key name claimkit reads or writes (SPEC §1). No other module builds a key.
+
+A queue name may carry a Redis Cluster hash tag (``{tenant-a}:requests``); the derived
+per-queue keys below are suffixes of it, so they hash to the same slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RESULT_TERMINAL_PREFIX = "result-terminal:"
+REQUEST_ACTIVE_PREFIX = "request-active:"
+REQUEST_CANCEL_PREFIX = "request-cancel:"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The keys of one queue ``<q>`` (SPEC §1).
+
+    Attributes:
+        pending: ZSET of envelopes scored by deadline (Unix seconds).
+        claimed: HASH ``<id>`` -> claimed member bytes, ``<id>:score`` -> original score.
+        owners: HASH ``<id>`` -> ownership token (hex) of the live claim.
+        index: ZSET ``<id>`` scored by lease expiry (Unix seconds, Redis server clock).
+        deliveries: HASH ``<id>`` -> redelivery count (§3.7).
+        dead: ZSET of dead-lettered member bytes scored by the time they died.
+    """
+
+    pending: str
+    claimed: str
+    owners: str
+    index: str
+    deliveries: str
+    dead: str
+
+    @classmethod
+    def for_queue(cls, queue: str) -> QueueKeys:
+        return cls(
+            pending=queue,
+            claimed=f"{queue}:claimed",
+            owners=f"{queue}:claim-owners",
+            index=f"{queue}:claims-idx",
+            deliveries=f"{queue}:deliveries",
+            dead=f"{queue}:dead",
+        )
+
+
+def result_terminal(request_id: str) -> str:
+    """Dedup marker of a request's terminal record (§1, §3.4)."""
+    return RESULT_TERMINAL_PREFIX + request_id
+
+
+def request_active(request_id: str) -> str:
+    """The producer's live-generation marker (§2.2)."""
+    return REQUEST_ACTIVE_PREFIX + request_id
+
+
+def request_cancel(request_id: str) -> str:
+    """The cancel marker; a request is cancelled iff it holds its ``request_token`` (§1)."""
+    return REQUEST_CANCEL_PREFIX + request_id
+
+
+def claimed_score_field(request_id: str) -> str:
+    """The ``<q>:claimed`` field holding a claim's original pending score."""
+    return request_id + ":score"
+
+
+def retry_dead(retry_set: str) -> str:
+    """Where the retry mover puts a member it cannot route (claimkit addition)."""
+    return retry_set + ":dead"

@@ -1,0 +1,102 @@
+"""Prometheus metrics (SPEC §7), on a registry of their own per consumer.
+
+Names are SPEC §7's under the namespace (default ``llm_d_async``), so the claim depth is
+exported as ``llm_d_async_async_claim_depth``; counters get prometheus-client's ``_total``.
+Every metric has the labels ``queue_id``, ``queue_name`` and ``pool_name`` (the queue's
+``labels.pool_name``, or ``""``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ._config import QueueConfig
+
+__all__ = ["Metrics", "QueueMetrics"]
+
+_LABELS = ("queue_id", "queue_name", "pool_name")
+_LATENCY_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMetrics:
+    """The labelled children of every metric, for one queue."""
+
+    claim_depth: Gauge
+    claims_expired: Counter
+    duplicates_suppressed: Counter
+    requests: Counter
+    retries: Counter
+    successes: Counter
+    failures: Counter
+    deadline_exceeded: Counter
+    shedded: Counter
+    latency_ms: Histogram
+    inflight: Gauge
+    backlog: Gauge
+    dead_lettered: Counter
+
+
+class Metrics:
+    """All SPEC §7 metrics on one :class:`CollectorRegistry`.
+
+    Args:
+        namespace: metric name prefix (SPEC §7 default ``llm_d_async``).
+    """
+
+    def __init__(self, namespace: str = "llm_d_async") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, ns = self.registry, namespace
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, _LABELS, namespace=ns, registry=r)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, _LABELS, namespace=ns, registry=r)
+
+        self.claim_depth = gauge("async_claim_depth", "Claims this process holds")
+        self.claims_expired = counter(
+            "async_claims_expired", "Claims whose lease expired and were redelivered"
+        )
+        self.duplicates_suppressed = counter(
+            "async_duplicate_results_suppressed", "Terminal records suppressed as duplicates"
+        )
+        self.requests = counter("async_request", "Requests claimed for processing")
+        self.retries = counter("async_request_retries", "Requests parked for a retry")
+        self.successes = counter("async_successful_requests", "Requests answered 2xx")
+        self.failures = counter("async_failed_requests", "Requests ending in an error record")
+        self.deadline_exceeded = counter(
+            "async_exceeded_deadline_requests", "Requests whose deadline passed"
+        )
+        self.shedded = counter("async_shedded_requests", "Dispatches refused by a gate")
+        self.latency_ms = Histogram(
+            "async_inference_latency_time_millis",
+            "Inference HTTP latency in milliseconds",
+            _LABELS,
+            namespace=ns,
+            registry=r,
+            buckets=_LATENCY_BUCKETS_MS,
+        )
+        self.inflight = gauge("async_inflight_requests", "Requests being dispatched now")
+        self.backlog = gauge("async_broker_backlog", "Pending requests in the queue")
+        self.dead_lettered = counter("async_dead_lettered", "Members moved to the dead set")
+
+    def for_queue(self, queue: QueueConfig) -> QueueMetrics:
+        labels = (queue.queue_id, queue.queue_name, queue.labels.get("pool_name", ""))
+        return QueueMetrics(
+            claim_depth=self.claim_depth.labels(*labels),
+            claims_expired=self.claims_expired.labels(*labels),
+            duplicates_suppressed=self.duplicates_suppressed.labels(*labels),
+            requests=self.requests.labels(*labels),
+            retries=self.retries.labels(*labels),
+            successes=self.successes.labels(*labels),
+            failures=self.failures.labels(*labels),
+            deadline_exceeded=self.deadline_exceeded.labels(*labels),
+            shedded=self.shedded.labels(*labels),
+            latency_ms=self.latency_ms.labels(*labels),
+            inflight=self.inflight.labels(*labels),
+            backlog=self.backlog.labels(*labels),
+            dead_lettered=self.dead_lettered.labels(*labels),
+        )

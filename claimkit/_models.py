@@ -1,0 +1,242 @@
+"""Wire models: the request envelope (SPEC §2.1) and the terminal record (SPEC §2.3).
+
+A member is validated with msgspec, whose errors name the offending field
+(``Expected `int`, got `str` - at `$.data.deadline```). The parsed view is only used to
+decide what to do with a request: the member itself is always moved by its exact original
+bytes, and the one rewrite claimkit makes (the retry copy, §3.5) edits a plain ``dict`` so
+unknown fields survive.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+__all__ = [
+    "DEADLINE_INVALID_MESSAGE",
+    "Envelope",
+    "ErrorCode",
+    "Invalid",
+    "TerminalRecord",
+    "parse_member",
+    "retry_member",
+]
+
+DEADLINE_INVALID_MESSAGE = "Failed: deadline is missing or invalid (Unix seconds)."
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+StrMap = dict[str, str]
+
+
+class _Data(msgspec.Struct, omit_defaults=True):
+    id: NonEmpty
+    deadline: Annotated[int, msgspec.Meta(gt=0)]
+    created: int | None = None
+    payload: dict[str, Any] | None = None
+    metadata: StrMap | None = None
+    headers: StrMap | None = None
+    endpoint: str | None = None
+    request_queue_name: str | None = None
+    result_queue_name: str | None = None
+
+
+class _Internal(msgspec.Struct, omit_defaults=True):
+    retry_count: int = 0
+    queue_id: str | None = None
+    request_token: str | None = None
+    request_queue_name: str | None = None
+    result_queue_name: str | None = None
+    transport_correlation_id: str | None = None
+    labels: StrMap | None = None
+
+
+class _Wire(msgspec.Struct):
+    request_kind: Literal["plain", "redis", "pubsub"]
+    data: _Data
+    internal: _Internal = msgspec.field(default_factory=_Internal)
+
+
+_decoder = msgspec.json.Decoder(_Wire)
+
+
+class ErrorCode:
+    """``error_code`` values of non-HTTP terminal records (SPEC §2.3)."""
+
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    CANCELLED = "CANCELLED"
+    GATE_DROPPED = "GATE_DROPPED"
+    GATE_ERROR = "GATE_ERROR"
+    INFERENCE_ERROR = "INFERENCE_ERROR"
+    INVALID_REQUEST = "INVALID_REQUEST"
+    MAX_DELIVERIES_EXCEEDED = "MAX_DELIVERIES_EXCEEDED"
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A valid pending member, parsed (SPEC §2.1).
+
+    Attributes:
+        raw: the member's exact bytes as stored in Redis; what every script moves.
+        id: ``data.id``.
+        deadline: ``data.deadline``, Unix seconds.
+        request_token: ``internal.request_token`` or ``""`` (the request generation).
+    """
+
+    raw: bytes
+    id: str
+    deadline: int
+    request_kind: str
+    payload: dict[str, Any] | None
+    metadata: dict[str, str]
+    headers: dict[str, str]
+    endpoint: str | None
+    request_token: str
+    retry_count: int
+    result_queue_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A member that cannot be served (SPEC §3.1): it is dead-lettered.
+
+    Attributes:
+        raw: the exact member bytes.
+        reason: the precise ``error_message`` of its ``INVALID_REQUEST`` record.
+        id: the request id when one could still be read, else ``None`` (no record then).
+        request_token: the generation token when readable, else ``""``.
+        result_queue_name: ``internal.result_queue_name`` when readable.
+    """
+
+    raw: bytes
+    reason: str
+    id: str | None
+    request_token: str = ""
+    result_queue_name: str | None = None
+
+
+def _salvage(raw: bytes) -> tuple[str | None, str, str | None]:
+    """Best effort id, request token and result list of a member that failed validation."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None, "", None
+    if not isinstance(doc, dict):
+        return None, "", None
+    data = doc.get("data")
+    internal = doc.get("internal")
+    rid = data.get("id") if isinstance(data, dict) else None
+    token = internal.get("request_token") if isinstance(internal, dict) else None
+    rq = internal.get("result_queue_name") if isinstance(internal, dict) else None
+    return (
+        rid if isinstance(rid, str) and rid else None,
+        token if isinstance(token, str) else "",
+        rq if isinstance(rq, str) and rq else None,
+    )
+
+
+def parse_member(raw: bytes) -> Envelope | Invalid:
+    """Validate one pending member.
+
+    Args:
+        raw: the member bytes as read from the pending ZSET.
+
+    Returns:
+        An :class:`Envelope`, or an :class:`Invalid` whose ``reason`` names the bad field.
+        Never raises.
+    """
+    try:
+        wire = _decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        rid, token, rq = _salvage(raw)
+        text = str(exc)
+        if "$.data.deadline" in text or "`deadline`" in text:
+            reason = DEADLINE_INVALID_MESSAGE
+        else:
+            reason = f"Failed: invalid request: {text}"
+        return Invalid(raw, reason, rid, token, rq)
+    except msgspec.DecodeError as exc:
+        return Invalid(raw, f"Failed: request is not valid JSON: {exc}", None)
+    data, internal = wire.data, wire.internal
+    return Envelope(
+        raw=raw,
+        id=data.id,
+        deadline=data.deadline,
+        request_kind=wire.request_kind,
+        payload=data.payload,
+        metadata=data.metadata or {},
+        headers=data.headers or {},
+        endpoint=data.endpoint,
+        request_token=internal.request_token or "",
+        retry_count=internal.retry_count,
+        result_queue_name=internal.result_queue_name,
+    )
+
+
+def retry_member(raw: bytes, queue: str) -> bytes:
+    """The retry-set copy of a member (SPEC §3.5): ``internal.retry_count`` + 1 and
+    ``internal.request_queue_name`` = ``queue``; every other field, known or not, is kept.
+    """
+    doc = json.loads(raw)
+    internal = doc.get("internal")
+    if not isinstance(internal, dict):
+        internal = doc["internal"] = {}
+    count = internal.get("retry_count")
+    internal["retry_count"] = (count if isinstance(count, int) else 0) + 1
+    internal["request_queue_name"] = queue
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalRecord:
+    """One element of a result list (SPEC §2.3).
+
+    ``payload`` is always a string: the raw HTTP body, or ``{"error":"<message>"}`` for a
+    non-HTTP outcome. ``status_code`` is ``None`` when no HTTP response was had.
+    """
+
+    id: str
+    payload: str
+    status_code: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+    @classmethod
+    def http(cls, request_id: str, status_code: int, body: str) -> TerminalRecord:
+        return cls(id=request_id, payload=body, status_code=status_code)
+
+    @classmethod
+    def error(cls, request_id: str, code: str, message: str) -> TerminalRecord:
+        return cls(
+            id=request_id,
+            payload=json.dumps({"error": message}, separators=(",", ":"), ensure_ascii=False),
+            error_code=code,
+            error_message=message,
+        )
+
+    def to_json(self) -> bytes:
+        """Serialise with the fields in SPEC order, omitting absent ones."""
+        out: dict[str, Any] = {"id": self.id}
+        if self.status_code is not None:
+            out["status_code"] = self.status_code
+        out["payload"] = self.payload
+        if self.error_code is not None:
+            out["error_code"] = self.error_code
+            out["error_message"] = self.error_message
+        return json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> TerminalRecord:
+        """Parse a record read from a result list. Raises ``ValueError`` if it is not one."""
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
+            raise ValueError("not a terminal record: no string `id`")
+        return cls(
+            id=doc["id"],
+            payload=str(doc.get("payload", "")),
+            status_code=doc.get("status_code"),
+            error_code=doc.get("error_code"),
+            error_message=doc.get("error_message"),
+        )

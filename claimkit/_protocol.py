@@ -1,0 +1,318 @@
+"""The claim protocol's batched operations on one queue (SPEC §3), over a :class:`Store`.
+
+Each method is one Lua script call per chunk of at most :data:`CHUNK` items (a chunk keeps a
+single script well under ~5 ms of Redis time), never a round trip per request. Lease maths
+happens inside the scripts, on the Redis server clock.
+
+This module knows the scripts' argument layouts (see each ``lua/*.lua`` header); the
+consumer, the operator commands and the tests all call the protocol through it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from . import _keys
+from ._models import Envelope, ErrorCode, Invalid, TerminalRecord
+from ._scripts import script
+
+if TYPE_CHECKING:
+    from ._store import Arg, Store
+
+__all__ = [
+    "CHUNK",
+    "AckItem",
+    "ClaimCode",
+    "QueueOps",
+    "ReclaimCounts",
+    "move_retries",
+    "new_token",
+]
+
+CHUNK = 500
+"""Items per script call. 500 claims renew in about 1 ms of Redis time."""
+
+T = TypeVar("T")
+
+
+def _chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def new_token() -> str:
+    """A fresh ownership token: 128 random bits as 32 hex chars (SPEC §1 asks ≥ 64 bits)."""
+    return secrets.token_hex(16)
+
+
+class ClaimCode:
+    """Per-candidate results of the claim script (``lua/claim-4.lua``)."""
+
+    LOST = 0
+    CLAIMED = 1
+    CANCELLED = 2
+    BUSY = 3
+
+
+@dataclass(frozen=True, slots=True)
+class AckItem:
+    """One terminal record to ack (SPEC §3.4)."""
+
+    id: str
+    token: str
+    request_token: str
+    result_list: str
+    record: bytes
+    member: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimCounts:
+    """What one reclaim run did (SPEC §3.7)."""
+
+    redelivered: int = 0
+    dead: int = 0
+    ghosts: int = 0
+
+    def __add__(self, other: ReclaimCounts) -> ReclaimCounts:
+        return ReclaimCounts(
+            self.redelivered + other.redelivered, self.dead + other.dead, self.ghosts + other.ghosts
+        )
+
+
+def _int(value: Any) -> int:
+    return int(value)
+
+
+class QueueOps:
+    """The batched protocol operations of one queue.
+
+    Args:
+        store: where the queue lives.
+        queue: the pending ZSET's name ``<q>``.
+        result_list: the queue's configured ``result_queue_name`` or ``None`` (SPEC §2.3:
+            then the member's ``internal.result_queue_name``, then ``default_result_list``).
+        default_result_list: the global ``result_queue_name``.
+        dedup_ttl: ``result_dedup_ttl_seconds``, whole seconds, 0 = markers never expire.
+
+    Every method raises :class:`~claimkit._store.StoreUnavailable` or
+    :class:`~claimkit._store.StoreError` as the store does. A chunk that raised may or may
+    not have been applied; every script is safe to run again (SPEC §3).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        queue: str,
+        *,
+        result_list: str | None = None,
+        default_result_list: str = "result-list",
+        dedup_ttl: int = 21600,
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.keys = _keys.QueueKeys.for_queue(queue)
+        self.result_list = result_list
+        self.default_result_list = default_result_list
+        self.dedup_ttl = dedup_ttl
+
+    def result_list_for(self, member_result_list: str | None) -> str:
+        """The destination list of a request's record (SPEC §2.3)."""
+        return self.result_list or member_result_list or self.default_result_list
+
+    # -- §3.1 peek ---------------------------------------------------------------------------
+
+    async def peek(self, count: int) -> list[bytes]:
+        """Up to ``count`` pending members, earliest deadline first; nothing is removed."""
+        reply = await self.store.command(
+            "ZRANGE", self.keys.pending, "-inf", "+inf", "BYSCORE", "LIMIT", 0, count
+        )
+        return list(reply)
+
+    async def dead_letter(self, invalid: Sequence[Invalid]) -> tuple[int, int]:
+        """Move malformed members to ``<q>:dead``; push an ``INVALID_REQUEST`` record for
+        each whose id was readable. Returns ``(moved, records_pushed)``."""
+        moved = pushed = 0
+        for chunk in _chunks(invalid):
+            args: list[Arg] = [self.dedup_ttl]
+            for bad in chunk:
+                if bad.id is None:
+                    args += [bad.raw, "", "", "", ""]
+                else:
+                    record = TerminalRecord.error(bad.id, ErrorCode.INVALID_REQUEST, bad.reason)
+                    args += [
+                        bad.raw,
+                        bad.request_token,
+                        _keys.result_terminal(bad.id),
+                        self.result_list_for(bad.result_queue_name),
+                        record.to_json(),
+                    ]
+            reply = await self.store.run(
+                script("dead-letter"), [self.keys.pending, self.keys.dead], args
+            )
+            moved += sum(_int(v) for v in reply[0::2])
+            pushed += sum(_int(v) for v in reply[1::2])
+        return moved, pushed
+
+    # -- §3.2 claim --------------------------------------------------------------------------
+
+    async def claim(
+        self, candidates: Sequence[tuple[Envelope, str]], lease_ttl: float
+    ) -> tuple[float, list[int]]:
+        """Claim ``(envelope, token)`` pairs under a lease of ``lease_ttl`` seconds.
+
+        Returns ``(server_now, codes)``: server time in Unix seconds and one
+        :class:`ClaimCode` per candidate, in order.
+        """
+        now = 0.0
+        codes: list[int] = []
+        for chunk in _chunks(candidates):
+            args: list[Arg] = [repr(float(lease_ttl)), _keys.REQUEST_CANCEL_PREFIX]
+            for env, token in chunk:
+                args += [env.raw, env.id, token, env.deadline, env.request_token]
+            reply = await self.store.run(script("claim"), self._claim_keys(), args)
+            now = float(reply[0])
+            codes += [_int(v) for v in reply[1:]]
+        return now, codes
+
+    def _claim_keys(self) -> list[str]:
+        k = self.keys
+        return [k.pending, k.claimed, k.owners, k.index]
+
+    # -- §3.3 renew --------------------------------------------------------------------------
+
+    async def renew(
+        self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
+    ) -> tuple[float, list[int]]:
+        """Renew ``(id, token, deadline)`` claims, fenced by token.
+
+        Returns ``(server_now, codes)`` with 1 renewed, 0 gone, -1 taken by another token.
+        """
+        now = 0.0
+        codes: list[int] = []
+        for chunk in _chunks(claims):
+            args: list[Arg] = [repr(float(lease_ttl))]
+            for rid, token, deadline in chunk:
+                args += [rid, token, deadline]
+            reply = await self.store.run(script("renew"), [self.keys.owners, self.keys.index], args)
+            now = float(reply[0])
+            codes += [_int(v) for v in reply[1:]]
+        return now, codes
+
+    # -- §3.4 ack ----------------------------------------------------------------------------
+
+    async def ack(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]:
+        """Push each record once and drop its claim. Returns ``(pushed, owned)`` per item:
+        ``pushed`` False means a suppressed duplicate; ``owned`` False means the claim was
+        no longer the caller's (it was left alone)."""
+        out: list[tuple[bool, bool]] = []
+        k = self.keys
+        for chunk in _chunks(items):
+            args: list[Arg] = [self.dedup_ttl]
+            for it in chunk:
+                args += [
+                    it.id,
+                    it.token,
+                    it.request_token,
+                    _keys.result_terminal(it.id),
+                    it.result_list,
+                    it.record,
+                    it.member,
+                ]
+            reply = await self.store.run(
+                script("ack"), [k.pending, k.claimed, k.owners, k.index, k.deliveries], args
+            )
+            out += [(bool(_int(p)), bool(_int(o))) for p, o in zip(reply[0::2], reply[1::2], strict=True)]
+        return out
+
+    # -- §3.5 park ---------------------------------------------------------------------------
+
+    async def park(
+        self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
+    ) -> tuple[float, list[int]]:
+        """Move ``(id, token, delay_seconds, retry_member)`` claims to the retry set, fenced.
+        Returns ``(server_now, codes)`` with 1 parked, 0 not the caller's any more."""
+        now = 0.0
+        codes: list[int] = []
+        k = self.keys
+        for chunk in _chunks(items):
+            args: list[Arg] = []
+            for rid, token, delay, member in chunk:
+                args += [rid, token, repr(float(delay)), member]
+            reply = await self.store.run(
+                script("park"), [k.claimed, k.owners, k.index, retry_set], args
+            )
+            now = float(reply[0])
+            codes += [_int(v) for v in reply[1:]]
+        return now, codes
+
+    # -- §3.6 release ------------------------------------------------------------------------
+
+    async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[int]:
+        """Hand ``(id, token, expected_expiry)`` claims back to pending at their original
+        score. ``expected_expiry`` (Unix seconds, or ``None``) leaves alone a claim whose
+        lease changed since it was read. Codes: 1 released, 0 gone, -1 other owner,
+        -2 renewed since read."""
+        codes: list[int] = []
+        for chunk in _chunks(claims):
+            args: list[Arg] = []
+            for rid, token, expected in chunk:
+                args += [rid, token, "" if expected is None else repr(float(expected))]
+            reply = await self.store.run(script("release"), self._claim_keys(), args)
+            codes += [_int(v) for v in reply]
+        return codes
+
+    # -- §3.7 reclaim ------------------------------------------------------------------------
+
+    async def reclaim_pass(self, limit: int, max_deliveries: int) -> tuple[ReclaimCounts, bool]:
+        """One reclaim script call: up to ``limit`` expired claims. Returns the counts and
+        whether more expired claims may be left."""
+        k = self.keys
+        reply = await self.store.run(
+            script("reclaim"),
+            [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead],
+            [
+                limit,
+                max_deliveries,
+                self.result_list or "",
+                self.default_result_list,
+                _keys.RESULT_TERMINAL_PREFIX,
+                self.dedup_ttl,
+            ],
+        )
+        redelivered, dead, ghosts, more = (_int(v) for v in reply)
+        return ReclaimCounts(redelivered, dead, ghosts), bool(more)
+
+    async def reclaim(self, max_deliveries: int, limit: int = CHUNK) -> ReclaimCounts:
+        """A full reclaim run (SPEC §3.7): passes repeat until no expired claim is left, so a
+        backlog of any size drains in one run."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        total = ReclaimCounts()
+        more = True
+        while more:
+            counts, more = await self.reclaim_pass(limit, max_deliveries)
+            total += counts
+        return total
+
+
+async def move_retries(
+    store: Store, retry_set: str, *, limit: int = CHUNK
+) -> tuple[int, int]:
+    """The retry mover (SPEC §3.5): move every due retry member back to its queue at score =
+    deadline, ``limit`` per script call, until none is due. Returns ``(moved, dead)``:
+    members that could not be routed go to ``<retry_set>:dead``."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    moved = dead = 0
+    more = True
+    while more:
+        reply = await store.run(
+            script("move-retries"), [retry_set, _keys.retry_dead(retry_set)], [limit]
+        )
+        m, d, more_flag = (_int(v) for v in reply)
+        moved, dead, more = moved + m, dead + d, bool(more_flag)
+    return moved, dead

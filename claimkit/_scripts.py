@@ -1,0 +1,90 @@
+"""The Lua script registry: every script of ``lua/`` loaded once, by name (SPEC §3).
+
+Scripts ship inside the wheel as ``claimkit/lua/*.lua`` (from the repository's top-level
+``lua/``). A file named ``<verb>-<numkeys>.lua`` is a script; a file starting with ``_`` is
+an include, pasted in where a script says ``-- @include _name``. Stores run a script with
+EVALSHA and load it on NOSCRIPT, so a Redis restart or ``SCRIPT FLUSH`` costs one extra
+round trip, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["Script", "ScriptError", "all_scripts", "script"]
+
+_NAME = re.compile(r"^(?P<verb>[a-z-]+)-(?P<numkeys>\d+)\.lua$")
+_INCLUDE = re.compile(r"^-- @include (?P<name>_[a-z-]+)\s*$", re.MULTILINE)
+
+
+class ScriptError(RuntimeError):
+    """A Lua file is missing, misnamed or includes something that does not exist."""
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One loaded Lua script.
+
+    Attributes:
+        name: the verb, e.g. ``"claim"``.
+        numkeys: how many ``KEYS`` the script declares (from its file name).
+        source: the full Lua text with includes resolved.
+        sha1: the hex SHA1 Redis knows the script by.
+    """
+
+    name: str
+    numkeys: int
+    source: str
+    sha1: str
+
+
+def _lua_dir() -> Path:
+    packaged = resources.files("claimkit") / "lua"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    # Running from a source checkout without an install: the repository's top-level lua/.
+    source = Path(__file__).resolve().parent.parent / "lua"
+    if source.is_dir():
+        return source
+    raise ScriptError("claimkit's Lua scripts are missing: neither claimkit/lua nor ./lua exists")
+
+
+def _resolve(text: str, folder: Path, seen: tuple[str, ...] = ()) -> str:
+    def paste(match: re.Match[str]) -> str:
+        name = match.group("name")
+        if name in seen:
+            raise ScriptError(f"include cycle through {name}.lua")
+        path = folder / f"{name}.lua"
+        if not path.is_file():
+            raise ScriptError(f"included file {path} does not exist")
+        return _resolve(path.read_text(encoding="utf-8"), folder, (*seen, name))
+
+    return _INCLUDE.sub(paste, text)
+
+
+@cache
+def all_scripts() -> dict[str, Script]:
+    """Every script by verb. Raises :class:`ScriptError` when the folder is broken."""
+    folder = _lua_dir()
+    found: dict[str, Script] = {}
+    for path in sorted(folder.glob("*.lua")):
+        if path.name.startswith("_"):
+            continue
+        match = _NAME.match(path.name)
+        if match is None:
+            raise ScriptError(f"{path.name}: a script is named <verb>-<numkeys>.lua")
+        source = _resolve(path.read_text(encoding="utf-8"), folder)
+        sha1 = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+        verb = match.group("verb")
+        found[verb] = Script(verb, int(match.group("numkeys")), source, sha1)
+    return found
+
+
+def script(name: str) -> Script:
+    """The script called ``name`` (e.g. ``"claim"``). Raises ``KeyError`` if there is none."""
+    return all_scripts()[name]

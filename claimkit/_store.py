@@ -1,0 +1,134 @@
+"""The store: claimkit's one door to Redis (scripts, commands, pipelines).
+
+Everything claimkit does to Redis goes through :class:`Store`. Its default implementation
+runs coredis natively on trio (through anyio); an optional second one uses redis-py's
+asyncio client through trio-asyncio (``claimkit[redispy]``, Python <= 3.13; see
+``docs/store-backends.md`` for why coredis is the default).
+
+Replies are raw RESP3 values: ``bytes``, ``int``, ``None``, lists, and where RESP3 says so
+``float`` (``ZSCORE``, ``WITHSCORES``) and ``dict`` (``HGETALL``). Errors are two
+kinds only, so callers can decide without knowing the client library:
+
+- :class:`StoreUnavailable`: Redis could not be reached, the connection broke, or Redis is
+  loading its data set. Worth retrying with backoff; no reply was had.
+- :class:`StoreError`: Redis answered with an error (``WRONGTYPE``, a script error, an
+  authentication failure). Retrying will not help.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from ._scripts import Script
+
+__all__ = [
+    "Arg",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "open_store",
+    "redact_url",
+]
+
+Arg: TypeAlias = bytes | str | int | float
+
+
+class StoreUnavailable(ConnectionError):
+    """Redis is unreachable, the connection broke, or Redis is still loading. Retry later."""
+
+
+class StoreError(RuntimeError):
+    """Redis answered with an error; retrying the same call will not help."""
+
+
+class Store(Protocol):
+    """A connection pool to one Redis, as claimkit needs it.
+
+    Every method may raise :class:`StoreUnavailable` or :class:`StoreError`.
+
+    Cancellation: a call cancelled mid-flight may or may not have reached Redis. Scripts are
+    written so that running one again, or not at all, loses nothing (SPEC §3).
+    """
+
+    url: str
+    """The Redis URL with any password replaced by ``***``: safe to print."""
+
+    async def command(self, *args: Arg) -> Any:
+        """Run one command, e.g. ``await store.command("ZCARD", "q")``; the raw reply."""
+        ...
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
+        """Send several commands in one round trip; ``transaction=True`` wraps them in
+        MULTI/EXEC. Returns one raw reply per command, in order."""
+        ...
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        """Run a Lua script by EVALSHA, loading it on NOSCRIPT. ``len(keys)`` must equal
+        ``script.numkeys`` (``ValueError`` otherwise)."""
+        ...
+
+
+_PASSWORD = re.compile(r"(//[^:/@]*:)([^@]*)(@)")
+
+
+def redact_url(url: str) -> str:
+    """``redis://user:secret@host`` -> ``redis://user:***@host``; other URLs unchanged."""
+    return _PASSWORD.sub(r"\1***\3", url)
+
+
+def check_url(url: str) -> None:
+    """Raise ``ValueError`` with one line when ``url`` is not a Redis URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"redis", "rediss", "unix"}:
+        raise ValueError(
+            f"Redis URL must start with redis://, rediss:// or unix://, got {redact_url(url)!r}"
+        )
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"Redis URL has no host: {redact_url(url)!r}")
+
+
+def check_keys(script: Script, keys: Sequence[str]) -> None:
+    if len(keys) != script.numkeys:
+        raise ValueError(f"{script.name} takes {script.numkeys} keys, got {len(keys)}")
+
+
+@asynccontextmanager
+async def open_store(
+    url: str, *, backend: str = "coredis", timeout: float = 10.0
+) -> AsyncIterator[Store]:
+    """Open a store on ``url`` for the duration of the ``async with`` block.
+
+    Args:
+        url: ``redis://[user:password@]host:port/db`` (or ``rediss://``, ``unix://``).
+        backend: ``"coredis"`` (default) or ``"redispy"`` (the optional extra).
+        timeout: seconds allowed for connecting and for each reply; a hung Redis then
+            surfaces as :class:`StoreUnavailable` instead of a stuck task.
+
+    Raises:
+        ValueError: a malformed URL or an unknown backend, before anything connects.
+    """
+    check_url(url)
+    if backend == "coredis":
+        from ._store_coredis import open_coredis_store
+
+        # coredis runs its pool in a task group, which wraps anything raised in the block
+        # in an ExceptionGroup. That group is an implementation detail: unwrap a lone error.
+        try:
+            async with open_coredis_store(url, timeout=timeout) as store:
+                yield store
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
+                raise group.exceptions[0] from None
+            raise
+    elif backend == "redispy":
+        from ._store_redispy import open_redispy_store
+
+        async with open_redispy_store(url, timeout=timeout) as store:
+            yield store
+    else:
+        raise ValueError(f"unknown store backend {backend!r}: use 'coredis' or 'redispy'")

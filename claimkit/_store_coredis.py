@@ -1,0 +1,85 @@
+"""The default store: coredis on trio, through anyio (see :mod:`claimkit._store`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+import coredis
+import coredis.exceptions as cx
+from coredis.commands.request import CommandRequest
+from coredis.response._callbacks import NoopCallback
+from coredis.retry import NoRetryPolicy
+
+from ._store import Arg, StoreError, StoreUnavailable, check_keys, redact_url
+
+if TYPE_CHECKING:
+    from ._scripts import Script
+
+_NOOP = NoopCallback()  # type: ignore[var-annotated]
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except (cx.ConnectionError, cx.ReadOnlyError, TimeoutError, OSError) as exc:
+        raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+    except cx.RedisError as exc:
+        if "LOADING" in str(exc) or "MASTERDOWN" in str(exc):
+            raise StoreUnavailable(str(exc)) from exc
+        raise StoreError(str(exc)) from exc
+
+
+class CoredisStore:
+    """:class:`claimkit._store.Store` on a ``coredis.Redis`` client."""
+
+    def __init__(self, client: coredis.Redis[bytes], url: str) -> None:
+        self._client = client
+        self.url = redact_url(url)
+
+    def _request(self, args: Sequence[Arg]) -> CommandRequest[Any]:
+        name = str(args[0]).upper().encode()
+        return CommandRequest(name, *args[1:], callback=_NOOP, execution_parameters={})
+
+    async def command(self, *args: Arg) -> Any:
+        with _translated():
+            return await self._client.execute_command(self._request(args))
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
+        with _translated():
+            async with self._client.pipeline(transaction=transaction) as pipe:
+                pending = [
+                    pipe.create_request(str(c[0]).upper().encode(), *c[1:], callback=_NOOP)
+                    for c in commands
+                ]
+            return [await p for p in pending]
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        check_keys(script, keys)
+        with _translated():
+            try:
+                return await self._client.execute_command(
+                    self._request(("EVALSHA", script.sha1, len(keys), *keys, *args))
+                )
+            except cx.NoScriptError:
+                return await self._client.execute_command(
+                    self._request(("EVAL", script.source, len(keys), *keys, *args))
+                )
+
+
+@asynccontextmanager
+async def open_coredis_store(url: str, *, timeout: float) -> AsyncIterator[CoredisStore]:
+    client: coredis.Redis[bytes] = coredis.Redis.from_url(
+        url,
+        decode_responses=False,
+        connect_timeout=timeout,
+        stream_timeout=timeout,
+        retry_policy=NoRetryPolicy(),
+        verify_version=False,
+    )
+    # Entering the client starts its pool's background task group; a Redis that is down at
+    # start-up is not an error here: the first command reports it.
+    async with client:
+        yield CoredisStore(client, url)

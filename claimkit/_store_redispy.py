@@ -1,0 +1,227 @@
+"""The optional store: redis-py's asyncio client on trio, through trio-asyncio.
+
+``open_store(url, backend="redispy")`` lands here. It is the user's first design, kept as
+an alternative to the default coredis store (:mod:`claimkit._store_coredis`); see
+``docs/store-backends.md`` for the measurements behind that choice. It needs the extra
+``pip install 'claimkit[redispy]'`` and Python <= 3.13: trio-asyncio does not import on
+Python 3.14 (trio-asyncio issue #160).
+
+Replies are the same raw values the coredis store returns (see :mod:`claimkit._store`):
+the client speaks RESP3, like coredis, and every redis-py response callback is removed, so
+``HGETALL`` is a ``dict`` of bytes, ``ZRANGE ... WITHSCORES`` a list of ``[member, score]``
+pairs with float scores, ``SET`` is ``b"OK"``, script replies are untouched.
+``tests/test_store_backends.py`` runs one command list through both stores and compares.
+
+redis-py and trio-asyncio are imported when a store is opened, never when this module is,
+so that ``open_store`` can refuse with one clear line when they are missing. They are
+untyped here (``Any``) for the same reason: the type checker may run where the extra is
+not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._config import ConfigError
+from ._store import Arg, StoreError, StoreUnavailable, check_keys, redact_url
+
+if TYPE_CHECKING:
+    from ._scripts import Script
+
+__all__ = ["RedispyStore", "open_redispy_store"]
+
+_CLOSE_TIMEOUT = 5.0  # seconds allowed for closing the client's connections on exit
+
+_NOT_INSTALLED = (
+    "the redispy store backend is not installed ({missing}): "
+    "pip install 'claimkit[redispy]', or use the default coredis backend"
+)
+_PYTHON_314 = (
+    "the redispy store backend needs Python <= 3.13: trio-asyncio does not import on "
+    "Python {version} (trio-asyncio issue #160); use the default coredis backend"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Modules:
+    """The modules of the extra, imported on first use."""
+
+    redis_asyncio: Any
+    exceptions: Any
+    retry: Any
+    backoff: Any
+    trio_asyncio: Any
+
+
+def load_backend(version: tuple[int, int] = (sys.version_info[0], sys.version_info[1])) -> _Modules:
+    """Import redis-py and trio-asyncio, or say in one line why they cannot be used.
+
+    Args:
+        version: the Python ``(major, minor)`` to judge; this interpreter's by default.
+
+    Raises:
+        ConfigError: Python is 3.14 or newer, or the ``redispy`` extra is not installed.
+            (A ``ValueError``: choosing this backend there is a configuration mistake.)
+    """
+    if version >= (3, 14):
+        raise ConfigError(_PYTHON_314.format(version=f"{version[0]}.{version[1]}"))
+    try:
+        return _Modules(
+            redis_asyncio=importlib.import_module("redis.asyncio"),
+            exceptions=importlib.import_module("redis.exceptions"),
+            retry=importlib.import_module("redis.asyncio.retry"),
+            backoff=importlib.import_module("redis.backoff"),
+            trio_asyncio=importlib.import_module("trio_asyncio"),
+        )
+    except ImportError as exc:
+        raise ConfigError(_NOT_INSTALLED.format(missing=f"no module {exc.name!r}")) from exc
+
+
+class RedispyStore:
+    """:class:`claimkit._store.Store` on a ``redis.asyncio.Redis`` client.
+
+    Every call is one asyncio task on the store's trio-asyncio loop, awaited from the
+    calling trio task; the loop is passed explicitly, so any task of the trio run may use
+    the store, not only those started inside the ``async with``.
+
+    Cancellation: cancelling the trio task cancels the asyncio task; redis-py then drops
+    the connection it was using (a reply may be half read), so the next call gets a fresh
+    one. Whether Redis ran the command is unknown, as with any store (SPEC §3).
+    """
+
+    def __init__(self, client: Any, loop: Any, modules: _Modules, url: str) -> None:
+        self._client = client
+        self._loop = loop
+        self._m = modules
+        self._x = modules.exceptions
+        self.url = redact_url(url)
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        x = self._x
+        try:
+            yield
+        except (x.AuthenticationError, x.AuthorizationError) as exc:
+            # Subclasses of redis-py's ConnectionError, but a retry will not fix a password.
+            raise StoreError(_message(exc)) from exc
+        except (x.ConnectionError, x.TimeoutError, x.ReadOnlyError, TimeoutError, OSError) as exc:
+            # BusyLoadingError (LOADING) is a ConnectionError; READONLY means we reached a
+            # replica during a failover: both pass with time.
+            raise StoreUnavailable(_message(exc)) from exc
+        except x.RedisError as exc:
+            if "MASTERDOWN" in _message(exc):
+                raise StoreUnavailable(_message(exc)) from exc
+            raise StoreError(_message(exc)) from exc
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        with self._translated():
+            return await self._m.trio_asyncio.aio_as_trio(fn, loop=self._loop)(*args)
+
+    async def command(self, *args: Arg) -> Any:
+        """Run one command; the raw reply (see :class:`claimkit._store.Store`)."""
+        return await self._call(self._client.execute_command, *args)
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
+        """Send ``commands`` in one round trip, in MULTI/EXEC when ``transaction``.
+
+        Raises :class:`StoreError` for the first command Redis refused; in a transaction
+        the others ran (Redis has no rollback), as with the coredis store.
+        """
+        reply: list[Any] = await self._call(self._pipeline, commands, transaction)
+        return reply
+
+    async def _pipeline(self, commands: Sequence[Sequence[Arg]], transaction: bool) -> list[Any]:
+        # Runs on the asyncio loop.
+        async with self._client.pipeline(transaction=transaction) as pipe:
+            for args in commands:
+                pipe.execute_command(*args)
+            reply: list[Any] = await pipe.execute()
+            return reply
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        """Run ``script`` by EVALSHA, falling back to EVAL (which also caches it) on NOSCRIPT.
+
+        Raises:
+            ValueError: ``len(keys) != script.numkeys``.
+        """
+        check_keys(script, keys)
+        return await self._call(self._run, script, keys, args)
+
+    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        # Runs on the asyncio loop: both attempts cost one hop between the loops.
+        execute = self._client.execute_command
+        try:
+            return await execute("EVALSHA", script.sha1, len(keys), *keys, *args)
+        except self._x.NoScriptError:
+            return await execute("EVAL", script.source, len(keys), *keys, *args)
+
+
+def _message(exc: BaseException) -> str:
+    # redis-py strips a known error code from the message ("LOADING ...", "NOSCRIPT ...")
+    # and keeps it as ``status_code`` (redis >= 6); put it back so the line says what
+    # Redis said.
+    text = str(exc) or type(exc).__name__
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, str) and code and not text.startswith(code):
+        return f"{code} {text}"
+    return text
+
+
+@asynccontextmanager
+async def open_redispy_store(
+    url: str,
+    *,
+    timeout: float,  # noqa: ASYNC109 - per connect and per reply, handed to the client
+) -> AsyncIterator[RedispyStore]:
+    """Open a redis-py store on ``url``, inside a trio-asyncio loop of its own.
+
+    A Redis that is down at start-up is not an error here: the first command reports it.
+
+    Args:
+        url: a Redis URL, already checked by :func:`claimkit._store.check_url`.
+        timeout: seconds allowed for connecting and for each reply (a blocking command's
+            own timeout must stay under it). No retries: a failed call raises at once.
+
+    Raises:
+        ConfigError: the extra is not installed, or Python is 3.14+ (see :func:`load_backend`),
+            before anything connects.
+
+    Cancellation: on exit the client's connections are closed under a shield, within
+    5 seconds, then the loop is shut down.
+    """
+    modules = load_backend()
+    async with modules.trio_asyncio.open_loop() as loop:
+
+        async def make_client() -> Any:
+            # Built on the asyncio loop, where redis-py expects to be.
+            client = modules.redis_asyncio.Redis.from_url(
+                url,
+                decode_responses=False,
+                protocol=3,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=modules.retry.Retry(modules.backoff.NoBackoff(), 0),
+                retry_on_timeout=False,
+            )
+            # Raw replies, as coredis gives them: no per-command parsing into Python types.
+            client.response_callbacks = {}
+            return client
+
+        client = await modules.trio_asyncio.aio_as_trio(make_client, loop=loop)()
+        try:
+            yield RedispyStore(client, loop, modules, url)
+        finally:
+            # A connection that broke already may fail to close: nothing is left to free.
+            with (
+                trio.move_on_after(_CLOSE_TIMEOUT, shield=True),
+                contextlib.suppress(OSError, modules.exceptions.RedisError),
+            ):
+                await modules.trio_asyncio.aio_as_trio(client.aclose, loop=loop)()

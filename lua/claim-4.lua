@@ -1,0 +1,62 @@
+--[[
+  Claim a batch of peeked members under a lease (SPEC §3.2).
+
+  For each candidate: if it is no longer pending, another consumer won (lost). If the id
+  already has a claim (or its fields would collide with one: ids "x" and "x:score" share
+  the claimed hash), it is left pending (busy: a second generation of a reused id waits for
+  the first to finish). Otherwise ZREM it from pending and record the claim.
+  Lease expiry = min(server_now + lease_ttl, deadline + 30), but never less than
+  server_now + min(lease_ttl, 30): a request whose deadline already passed is claimed only
+  to be acked with DEADLINE_EXCEEDED, and must not be reclaimable before that ack.
+
+  Input:
+    KEYS[1] pending ZSET           <q>
+    KEYS[2] claimed HASH           <q>:claimed
+    KEYS[3] owners HASH            <q>:claim-owners
+    KEYS[4] lease index ZSET       <q>:claims-idx
+
+    ARGV[1] lease ttl, seconds (float)
+    ARGV[2] cancel key prefix      "request-cancel:"
+    then five per candidate, repeated:
+      member       exact member bytes
+      id           data.id
+      token        fresh ownership token (hex)
+      deadline     data.deadline, Unix seconds
+      gen_token    internal.request_token or ""
+
+  Output: { server_now (string, Unix seconds), code_1, ..., code_n } where code is
+    1 claimed, 2 claimed and found cancelled (§1 request-cancel), 0 lost to another
+    consumer (or no longer pending), 3 busy (the id has a live claim; left pending).
+]]
+-- @include _server-now
+
+local lease_ttl = tonumber(ARGV[1])
+local cancel_prefix = ARGV[2]
+local now = server_now()
+local out = { fmt_time(now) }
+
+for i = 3, #ARGV, 5 do
+  local member, id, token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local deadline, gen_token = tonumber(ARGV[i + 3]), ARGV[i + 4]
+  local code = 0
+  local score = redis.call('ZSCORE', KEYS[1], member)
+  if not score then
+    code = 0
+  elseif redis.call('HEXISTS', KEYS[3], id) == 1
+      or redis.call('HEXISTS', KEYS[2], id) == 1
+      or redis.call('HEXISTS', KEYS[2], id .. ':score') == 1 then
+    code = 3
+  else
+    redis.call('ZREM', KEYS[1], member)
+    redis.call('HSET', KEYS[2], id, member, id .. ':score', score)
+    redis.call('HSET', KEYS[3], id, token)
+    local expiry = math.min(now + lease_ttl, deadline + 30)
+    redis.call('ZADD', KEYS[4], math.max(expiry, now + math.min(lease_ttl, 30)), id)
+    code = 1
+    if gen_token ~= '' and redis.call('GET', cancel_prefix .. id) == gen_token then
+      code = 2
+    end
+  end
+  out[#out + 1] = code
+end
+return out

@@ -1,0 +1,57 @@
+--[[
+  Requeue dead letters: move members from the dead set back to pending (claimkit dead
+  requeue, SPEC §1 <q>:dead, §3.7).
+
+  Each member goes back by its exact bytes at score = its data.deadline, and its delivery
+  count is reset. A member whose JSON cannot be read or that has no positive numeric
+  data.deadline stays dead. Unless keep_marker is "1", the request's dedup marker
+  (result-terminal:<id>) is deleted when it belongs to this member's generation (holds its
+  internal.request_token, or "1" when it has none), so the rerun's terminal record is
+  delivered instead of being suppressed as a duplicate (SPEC §3.4).
+
+  Input:
+    KEYS[1] dead ZSET              <q>:dead
+    KEYS[2] pending ZSET           <q>
+    KEYS[3] deliveries HASH        <q>:deliveries
+
+    ARGV[1] dedup marker prefix    "result-terminal:"
+    ARGV[2] keep_marker            "1" keeps the marker, "0" deletes it
+    then one per member, repeated: the exact member bytes
+
+  Output: { code_1, ..., code_n } where code is 1 requeued, 0 not in the dead set (any
+    more), -1 left dead (no readable data.deadline).
+]]
+
+local prefix, keep_marker = ARGV[1], ARGV[2] == '1'
+local out = {}
+
+for i = 3, #ARGV do
+  local member = ARGV[i]
+  local code = 0
+  if redis.call('ZSCORE', KEYS[1], member) then
+    code = -1
+    local ok, doc = pcall(cjson.decode, member)
+    if ok and type(doc) == 'table' and type(doc.data) == 'table'
+        and type(doc.data.deadline) == 'number' and doc.data.deadline > 0 then
+      redis.call('ZREM', KEYS[1], member)
+      redis.call('ZADD', KEYS[2], string.format('%.17g', doc.data.deadline), member)
+      local id = doc.data.id
+      if type(id) == 'string' and id ~= '' then
+        redis.call('HDEL', KEYS[3], id)
+        if not keep_marker then
+          local token = '1'
+          if type(doc.internal) == 'table' and type(doc.internal.request_token) == 'string'
+              and doc.internal.request_token ~= '' then
+            token = doc.internal.request_token
+          end
+          if redis.call('GET', prefix .. id) == token then
+            redis.call('DEL', prefix .. id)
+          end
+        end
+      end
+      code = 1
+    end
+  end
+  out[#out + 1] = code
+end
+return out

@@ -1,0 +1,692 @@
+"""The operator commands through typer's CliRunner (SPEC §8): every command, its output,
+the Redis state it leaves, and every operator-mistake path (one line, exit status 1).
+
+These tests are synchronous: each command runs its own ``trio.run``. Redis is seeded and
+checked through :func:`redis`, which opens a store in a fresh trio loop.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import pytest
+import trio
+from rich.console import Console
+from typer.testing import CliRunner, Result
+
+from claimkit._cli import app
+from claimkit._cli_ops import watch_queue
+from claimkit._inspect import queue_key_types
+from claimkit._producer import Producer
+from claimkit._store import Arg, Store, open_store
+
+T = TypeVar("T")
+
+Q = "jobs"
+TOKEN_A = "a" * 32
+TOKEN_B = "b" * 32
+runner = CliRunner()
+
+
+def config(url: str, **extra: Any) -> str:
+    doc: dict[str, Any] = {
+        "url": url,
+        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
+    }
+    doc.update(extra)
+    return json.dumps(doc)
+
+
+def invoke(args: Sequence[str], url: str | None = None) -> Result:
+    """Run ``claimkit ARGS`` with ``REDIS_URL`` set to ``url`` (unset when ``None``)."""
+    return runner.invoke(app, list(args), env={"REDIS_URL": url, "COLUMNS": "200"})
+
+
+def redis(url: str, fn: Callable[[Store], Awaitable[T]]) -> T:
+    async def main() -> T:
+        with trio.fail_after(10):
+            async with open_store(url) as store:
+                return await fn(store)
+
+    return trio.run(main)
+
+
+def do(url: str, *commands: Sequence[Arg]) -> list[Any]:
+    """Run raw commands in one MULTI/EXEC and return their replies."""
+    return redis(url, lambda s: s.pipeline(commands, transaction=True))
+
+
+def one_line_error(result: Result, text: str | None = None) -> str:
+    """Assert ``result`` failed with exactly one ``claimkit: ...`` line and no traceback."""
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("claimkit: ")
+    assert "Traceback" not in result.output
+    if text is not None:
+        assert lines[0] == f"claimkit: {text}"
+    return lines[0]
+
+
+def member(rid: str, deadline: int, **internal: Any) -> bytes:
+    doc = {"internal": internal, "request_kind": "plain", "data": {"id": rid, "deadline": deadline}}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def server_now(url: str) -> float:
+    sec, usec = do(url, ("TIME",))[0]
+    return int(sec) + int(usec) / 1_000_000
+
+
+def claim_commands(
+    queue: str, rid: str, *, token: str, expiry: float, score: int
+) -> list[Sequence[Arg]]:
+    raw = member(rid, score)
+    return [
+        ("HSET", f"{queue}:claimed", rid, raw, f"{rid}:score", score),
+        ("HSET", f"{queue}:claim-owners", rid, token),
+        ("ZADD", f"{queue}:claims-idx", repr(expiry), rid),
+    ]
+
+
+def seed(url: str) -> float:
+    """Pending 3, claims 2 + a ghost (2 expired), dead 1, retry 2 (1 for jobs), results 2
+    in result-list and 1 in custom-results. Returns the base server time."""
+    now = server_now(url)
+    base = int(now)
+    do(
+        url,
+        *[("ZADD", Q, base + i, member(f"p{i}", base + i)) for i in (300, 100, 200)],
+        *claim_commands(Q, "c-old", token=TOKEN_A, expiry=now - 40.5, score=base + 10),
+        *claim_commands(Q, "c-live", token=TOKEN_B, expiry=now + 250.25, score=base + 20),
+        ("ZADD", f"{Q}:claims-idx", repr(now - 5), "ghost"),
+        ("HSET", f"{Q}:deliveries", "c-old", 3),
+        ("ZADD", f"{Q}:dead", 1234, member("d1", base + 5)),
+        ("ZADD", "retry-sortedset", now + 3, member("r1", base + 9, request_queue_name=Q)),
+        ("ZADD", "retry-sortedset", now + 4, member("r2", base + 9, request_queue_name="x")),
+        ("LPUSH", "result-list", b'{"id":"x1"}', b'{"id":"x2"}'),
+        ("LPUSH", "custom-results", b'{"id":"y1"}'),
+    )
+    return now
+
+
+def closed_port() -> int:
+    """A port nothing listens on: bound a moment ago, then released (never 6379)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port != 6379:
+            return port
+
+
+# coredis 6.9 leaves a failed connection's anyio memory streams unclosed; they warn when
+# collected. Tests that connect to nothing collect them before they end, under this mark.
+coredis_leaks_on_failed_connect = pytest.mark.filterwarnings(
+    "ignore:Unclosed <MemoryObject:ResourceWarning"
+)
+
+
+# -- help --------------------------------------------------------------------------------------
+
+COMMANDS = [
+    ["inspect"],
+    ["drain"],
+    ["reclaim"],
+    ["results"],
+    ["cancel"],
+    ["dead", "list"],
+    ["dead", "requeue"],
+    ["dead", "purge"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_has_help_with_an_example(command: list[str]) -> None:
+    result = invoke([*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Example" in result.stdout
+    assert f"claimkit {' '.join(command)} " in result.stdout
+
+
+def test_the_dead_group_lists_its_commands() -> None:
+    result = invoke(["dead", "--help"])
+    assert result.exit_code == 0
+    for name in ("list", "requeue", "purge"):
+        assert name in result.stdout
+
+
+# -- inspect -----------------------------------------------------------------------------------
+
+
+def test_inspect_json_matches_the_redis_state_exactly(redis_url: str) -> None:
+    now = seed(redis_url)
+    base = int(now)
+    transport = config(
+        redis_url,
+        queues=[
+            {"queue_name": Q, "igw_base_url": "http://h:1", "result_queue_name": "custom-results"}
+        ],
+    )
+    result = invoke(["inspect", "--queue", Q, "--json", "--transport-config", transport])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    t = doc["server_time"]
+    assert t >= now
+    expiries = {
+        m.decode(): float(s)
+        for m, s in do(redis_url, ("ZRANGE", f"{Q}:claims-idx", 0, -1, "WITHSCORES"))[0]
+    }
+
+    def row(rid: str, owner: str | None, score: float | None, deliveries: int) -> dict[str, Any]:
+        left = expiries[rid] - t
+        return {
+            "id": rid,
+            "owner": owner,
+            "lease_expiry": expiries[rid],
+            "lease_left_seconds": round(left, 6),
+            "expired": left <= 0,
+            "score": score,
+            "deliveries": deliveries,
+            "ghost": owner is None,
+            "held_seconds": None,
+        }
+
+    assert doc == {
+        "queue": Q,
+        "redis_url": redis_url,
+        "server_time": t,
+        "counts": {
+            "pending": 3,
+            "claimed": 3,
+            "expired": 2,
+            "retrying": 1,
+            "dead": 1,
+            "results": 1,
+            "redelivered": 1,
+        },
+        "oldest_pending_deadline": float(base + 100),
+        "retry_set": {"name": "retry-sortedset", "total": 2, "for_queue": 1, "exact": True},
+        "result_lists": {"custom-results": 1},
+        "limit": 50,
+        "claims_truncated": False,
+        "claims": [
+            row("c-old", TOKEN_A, float(base + 10), 3),
+            row("ghost", None, None, 0),
+            row("c-live", TOKEN_B, float(base + 20), 0),
+        ],
+    }
+
+
+def test_inspect_prints_counts_and_the_claim_table(redis_url: str) -> None:
+    seed(redis_url)
+    result = invoke(["inspect", "-q", Q], redis_url)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert f"queue {Q}  on {redis_url}" in out
+    assert "pending 3  claimed 3  expired 2  retrying 1  dead 1  results 2  redelivered 1" in out
+    assert "oldest pending deadline " in out
+    assert "claims (3 of 3, earliest lease expiry first)" in out
+    lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
+    assert set(lines) == {"c-old", "ghost", "c-live"}
+    assert "aaaaaaaa" in lines["c-old"] and TOKEN_A not in out, "owner tokens are shortened"
+    assert "expired 40." in lines["c-old"]
+    assert "(ghost)" in lines["ghost"]
+    assert "4m" in lines["c-live"]
+
+
+def test_inspect_limit_bounds_the_rows(redis_url: str) -> None:
+    seed(redis_url)
+    result = invoke(["inspect", "-q", Q, "--limit", "1", "--json"], redis_url)
+    doc = json.loads(result.stdout)
+    assert [c["id"] for c in doc["claims"]] == ["c-old"]
+    assert doc["claims_truncated"] is True
+    assert doc["counts"]["claimed"] == 3
+    text = invoke(["inspect", "-q", Q, "--limit", "1"], redis_url).stdout
+    assert "claims (1 of 3" in text
+
+
+def test_inspect_never_changes_state(redis_url: str) -> None:
+    seed(redis_url)
+
+    async def dump(store: Store) -> dict[bytes, bytes]:
+        return {k: await store.command("DUMP", k) for k in await store.command("KEYS", "*")}
+
+    before = redis(redis_url, dump)
+    assert invoke(["inspect", "-q", Q], redis_url).exit_code == 0
+    assert invoke(["inspect", "-q", Q, "--json"], redis_url).exit_code == 0
+    assert redis(redis_url, dump) == before
+
+
+async def test_watch_redraws_and_tracks_held_time(store: Store) -> None:
+    with trio.fail_after(10):
+        sec, _ = await store.command("TIME")
+        for command in claim_commands(Q, "c1", token=TOKEN_A, expiry=int(sec) + 100, score=1):
+            await store.command(*command)
+        out = io.StringIO()
+        console = Console(file=out, width=200, force_terminal=False)
+        await watch_queue(
+            store,
+            Q,
+            console=console,
+            key_types=queue_key_types(Q),
+            result_lists=["result-list"],
+            retry_set="retry-sortedset",
+            limit=10,
+            interval=0.1,
+            refreshes=2,
+        )
+        text = out.getvalue()
+        assert "claims (1 of 1" in text
+        assert "held" in text and "≥" in text
+        assert "aaaaaaaa" in text
+
+
+@coredis_leaks_on_failed_connect
+async def test_watch_shows_an_unreachable_redis_and_keeps_going() -> None:
+    with trio.fail_after(10):
+        url = f"redis://u:s3cret@127.0.0.1:{closed_port()}/0"
+        async with open_store(url) as store:
+            out = io.StringIO()
+            await watch_queue(
+                store,
+                Q,
+                console=Console(file=out, width=200),
+                key_types=queue_key_types(Q),
+                result_lists=["result-list"],
+                retry_set="retry-sortedset",
+                limit=10,
+                interval=0.1,
+                refreshes=2,
+            )
+        text = out.getvalue()
+        assert "is unavailable" in text and "retrying" in text
+        assert "s3cret" not in text
+    gc.collect()
+
+
+def test_watch_and_json_do_not_combine(redis_url: str) -> None:
+    one_line_error(
+        invoke(["inspect", "-q", Q, "--watch", "--json"], redis_url),
+        "--watch and --json cannot be combined: --json prints one document",
+    )
+
+
+# -- operator mistakes, for every command --------------------------------------------------------
+
+QUEUE_COMMANDS = [
+    ["inspect", "-q", Q],
+    ["drain", "-q", Q, "--release-all"],
+    ["dead", "list", "-q", Q],
+    ["dead", "requeue", "-q", Q, "--all"],
+    ["dead", "purge", "-q", Q, "--all"],
+]
+ALL_COMMANDS = [*QUEUE_COMMANDS, ["reclaim", "--once"], ["results"], ["cancel", "r1"]]
+
+
+@pytest.mark.parametrize("command", QUEUE_COMMANDS, ids=" ".join)
+def test_an_unknown_queue_is_one_line(redis_url: str, command: list[str]) -> None:
+    args = [*command, "--transport-config", config(redis_url)]
+    args[args.index(Q)] = "nope"
+    one_line_error(invoke(args), "unknown queue 'nope' (configured: jobs)")
+
+
+@pytest.mark.parametrize("command", QUEUE_COMMANDS, ids=" ".join)
+def test_a_pending_key_of_the_wrong_type_is_one_line(redis_url: str, command: list[str]) -> None:
+    do(redis_url, ("SET", Q, "not a queue"))
+    one_line_error(
+        invoke(command, redis_url),
+        f"key '{Q}' holds a string, not a sorted set: is the queue or list name right?",
+    )
+
+
+@coredis_leaks_on_failed_connect
+@pytest.mark.parametrize("command", ALL_COMMANDS, ids=" ".join)
+def test_unreachable_redis_is_one_line_without_the_password(command: list[str]) -> None:
+    url = f"redis://admin:s3cret@127.0.0.1:{closed_port()}/0"
+    line = one_line_error(invoke([*command, "--transport-config", config(url)]))
+    assert line.startswith("claimkit: Redis at redis://admin:***@127.0.0.1:")
+    assert "is unavailable" in line
+    assert "s3cret" not in line
+    gc.collect()
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS, ids=" ".join)
+def test_a_bad_or_missing_url_is_one_line(command: list[str]) -> None:
+    line = one_line_error(invoke([*command, "--redis-url", "http://u:pw@h:1"]))
+    assert "Redis URL must start with redis://" in line
+    assert "pw@" not in line
+    one_line_error(
+        invoke(command),
+        "url is required: set it in the transport config, pass --redis-url or set REDIS_URL",
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="claimkit._store.redact_url's pattern runs from the first '//' of the message to "
+    "the '@', so fail() mangles this line (no password leaks); see the report",
+)
+def test_a_bad_url_line_is_not_mangled_by_redaction() -> None:
+    one_line_error(
+        invoke(["inspect", "-q", Q, "--redis-url", "http://u:pw@h:1"]),
+        "Redis URL must start with redis://, rediss:// or unix://, got 'http://u:***@h:1'",
+    )
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS, ids=" ".join)
+def test_an_unreadable_config_file_is_one_line(command: list[str], tmp_path: Any) -> None:
+    missing = tmp_path / "nope.json"
+    line = one_line_error(invoke([*command, "--transport-config-file", str(missing)]))
+    assert line.startswith(f"claimkit: cannot read {missing}")
+
+
+# -- drain -------------------------------------------------------------------------------------
+
+
+def test_drain_requires_release_all(redis_url: str) -> None:
+    one_line_error(
+        invoke(["drain", "-q", Q], redis_url),
+        "drain needs --release-all (add --dry-run to preview what would be released)",
+    )
+
+
+def test_drain_dry_run_shows_and_changes_nothing(redis_url: str) -> None:
+    seed(redis_url)
+    before = do(redis_url, ("HGETALL", f"{Q}:claimed"), ("ZRANGE", Q, 0, -1, "WITHSCORES"))
+    result = invoke(["drain", "-q", Q, "--release-all", "--dry-run"], redis_url)
+    assert result.exit_code == 0, result.output
+    assert "claims that would go back to pending (3 of 3)" in result.stdout
+    assert result.stdout.splitlines()[-1] == (
+        f"claimkit drain {Q}: dry run: would release 2 of 3 claims (1 ghosts skipped); "
+        "nothing changed"
+    )
+    after = do(redis_url, ("HGETALL", f"{Q}:claimed"), ("ZRANGE", Q, 0, -1, "WITHSCORES"))
+    assert after == before
+
+
+def test_drain_releases_every_claim_at_its_score_and_is_idempotent(redis_url: str) -> None:
+    now = seed(redis_url)
+    base = int(now)
+    pending_before = do(redis_url, ("ZRANGE", Q, 0, -1, "WITHSCORES"))[0]
+    result = invoke(["drain", "-q", Q, "--release-all", "--batch-size", "1"], redis_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        f"claimkit drain {Q}: released=2 of 3 claims gone=0 renewed=0 other_owner=0 ghosts=1\n"
+    )
+    pending = do(redis_url, ("ZRANGE", Q, 0, -1, "WITHSCORES"))[0]
+    assert sorted(pending, key=lambda p: p[1]) == sorted(
+        [
+            *pending_before,
+            [member("c-old", base + 10), float(base + 10)],
+            [member("c-live", base + 20), float(base + 20)],
+        ],
+        key=lambda p: p[1],
+    )
+    assert do(redis_url, ("HLEN", f"{Q}:claimed"), ("HLEN", f"{Q}:claim-owners")) == [0, 0]
+    again = invoke(["drain", "-q", Q, "--release-all"], redis_url)
+    assert again.stdout == (
+        f"claimkit drain {Q}: released=0 of 1 claims gone=0 renewed=0 other_owner=0 ghosts=1\n"
+    )
+
+
+# -- reclaim -----------------------------------------------------------------------------------
+
+
+def test_reclaim_requires_once_and_configured_queues(redis_url: str) -> None:
+    one_line_error(
+        invoke(["reclaim"], redis_url),
+        "reclaim needs --once (serve runs the reclaimer continuously)",
+    )
+    one_line_error(
+        invoke(["reclaim", "--once"], redis_url),
+        "reclaim --once works on the configured queues: give a transport config "
+        "(--transport-config or --transport-config-file) whose queues list them",
+    )
+
+
+def reclaim_scenario(url: str) -> tuple[str, int]:
+    now = server_now(url)
+    base = int(now)
+    do(
+        url,
+        *claim_commands(Q, "a", token=TOKEN_A, expiry=now - 1, score=base + 100),
+        *claim_commands(Q, "poison", token=TOKEN_A, expiry=now - 2, score=base + 200),
+        *claim_commands(Q, "live", token=TOKEN_B, expiry=now + 300, score=base + 300),
+        *claim_commands("other", "b", token=TOKEN_B, expiry=now - 3, score=base + 400),
+        ("ZADD", "other:claims-idx", 1, "ghost"),
+        ("HSET", f"{Q}:deliveries", "poison", 2),
+    )
+    transport = config(
+        url,
+        max_deliveries=3,
+        queues=[
+            {"queue_name": Q, "igw_base_url": "http://h:1"},
+            {"queue_name": "other", "igw_base_url": "http://h:1", "result_queue_name": "ores"},
+        ],
+    )
+    return transport, base
+
+
+def test_reclaim_once_redelivers_every_expired_claim(redis_url: str) -> None:
+    transport, base = reclaim_scenario(redis_url)
+    result = invoke(["reclaim", "--once", "--transport-config", transport])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "claimkit reclaim: queues=2 redelivered=2 dead_lettered=1 ghosts=1\n"
+    assert result.stderr == ""
+    assert do(redis_url, ("ZRANGE", Q, 0, -1, "WITHSCORES"))[0] == [
+        [member("a", base + 100), float(base + 100)]
+    ]
+    assert do(redis_url, ("ZRANGE", "other", 0, -1, "WITHSCORES"))[0] == [
+        [member("b", base + 400), float(base + 400)]
+    ]
+    assert do(redis_url, ("ZRANGE", f"{Q}:claims-idx", 0, -1))[0] == [b"live"]
+    assert do(redis_url, ("ZRANGE", f"{Q}:dead", 0, -1))[0] == [member("poison", base + 200)]
+    assert do(redis_url, ("HGETALL", f"{Q}:deliveries"))[0] == {b"a": b"1"}
+    record = json.loads(do(redis_url, ("RPOP", "result-list"))[0])
+    assert record["id"] == "poison"
+    assert record["error_code"] == "MAX_DELIVERIES_EXCEEDED"
+    again = invoke(["reclaim", "--once", "--transport-config", transport])
+    assert again.stdout == "claimkit reclaim: queues=2 redelivered=0 dead_lettered=0 ghosts=0\n"
+
+
+def test_reclaim_once_json(redis_url: str) -> None:
+    transport, _ = reclaim_scenario(redis_url)
+    result = invoke(["reclaim", "--once", "--json", "--transport-config", transport])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {
+        "queues": {
+            Q: {"redelivered": 1, "dead_lettered": 1, "ghosts": 0},
+            "other": {"redelivered": 1, "dead_lettered": 0, "ghosts": 1},
+        },
+        "redelivered": 2,
+        "dead_lettered": 1,
+        "ghosts": 1,
+    }
+
+
+def test_reclaim_once_reports_a_wrong_key_type(redis_url: str) -> None:
+    do(redis_url, ("SET", "other:claims-idx", "x"))
+    transport = config(
+        redis_url,
+        queues=[
+            {"queue_name": Q, "igw_base_url": "http://h:1"},
+            {"queue_name": "other", "igw_base_url": "http://h:1"},
+        ],
+    )
+    one_line_error(
+        invoke(["reclaim", "--once", "--transport-config", transport]),
+        "key 'other:claims-idx' holds a string, not a sorted set: is the queue or list name right?",
+    )
+
+
+# -- dead --------------------------------------------------------------------------------------
+
+
+def test_dead_list_text_and_json(redis_url: str) -> None:
+    good = member("d1", 1_900_000_000)
+    do(redis_url, ("ZADD", f"{Q}:dead", 1_700_000_000, good, 1_700_000_001, b"garbage"))
+    result = invoke(["dead", "list", "-q", Q], redis_url)
+    assert result.exit_code == 0, result.output
+    assert f"{Q}:dead (2 of 2, oldest first)" in result.stdout
+    assert "d1" in result.stdout and "2023-11-14T22:13:20Z" in result.stdout
+    assert "? (unreadable)" in result.stdout and "cannot requeue" in result.stdout
+    doc = json.loads(invoke(["dead", "list", "-q", Q, "--json", "--limit", "1"], redis_url).stdout)
+    assert doc == {
+        "queue": Q,
+        "total": 2,
+        "dead": [
+            {
+                "id": "d1",
+                "dead_at": 1_700_000_000.0,
+                "deadline": 1_900_000_000.0,
+                "member": good.decode(),
+            },
+        ],
+    }
+    assert invoke(["dead", "list", "-q", "empty"], redis_url).stdout == "empty:dead is empty\n"
+
+
+def test_dead_requeue_by_id_and_all(redis_url: str) -> None:
+    a, b, c = (member(x, 1_900_000_000 + i) for i, x in enumerate("abc"))
+    do(redis_url, ("ZADD", f"{Q}:dead", 1, a, 2, b, 3, c, 4, b"junk"))
+    result = invoke(["dead", "requeue", "-q", Q, "a"], redis_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"claimkit dead requeue {Q}: requeued=1 left_dead=0 not_found=0\n"
+    assert do(redis_url, ("ZRANGE", Q, 0, -1, "WITHSCORES"))[0] == [[a, 1_900_000_000.0]]
+
+    missing = invoke(["dead", "requeue", "-q", Q, "b", "zz"], redis_url)
+    assert missing.exit_code == 1
+    assert missing.stdout == f"claimkit dead requeue {Q}: requeued=1 left_dead=0 not_found=1\n"
+    assert missing.stderr == "claimkit: no dead letter for zz\n"
+
+    everything = invoke(["dead", "requeue", "-q", Q, "--all", "--json"], redis_url)
+    assert everything.exit_code == 0
+    assert json.loads(everything.stdout) == {
+        "queue": Q,
+        "requeued": ["c"],
+        "left_dead": ["?"],
+        "not_found": [],
+    }
+    assert do(redis_url, ("ZRANGE", f"{Q}:dead", 0, -1))[0] == [b"junk"]
+
+
+def test_dead_requeue_needs_ids_or_all(redis_url: str) -> None:
+    message = "name the ids to requeue or pass --all (not both)"
+    one_line_error(invoke(["dead", "requeue", "-q", Q], redis_url), message)
+    one_line_error(invoke(["dead", "requeue", "-q", Q, "a", "--all"], redis_url), message)
+
+
+def test_dead_purge(redis_url: str) -> None:
+    now = int(server_now(redis_url))
+    a, b, c = (member(x, 1_900_000_000) for x in "abc")
+    do(redis_url, ("ZADD", f"{Q}:dead", now - 1000, a, now - 500, b, now, c))
+    message = "say what to purge: ids, --all or --older-than SECONDS (exactly one)"
+    one_line_error(invoke(["dead", "purge", "-q", Q], redis_url), message)
+    one_line_error(invoke(["dead", "purge", "-q", Q, "a", "--all"], redis_url), message)
+    assert invoke(["dead", "purge", "-q", Q, "a"], redis_url).stdout == (
+        f"claimkit dead purge {Q}: purged=1\n"
+    )
+    assert invoke(["dead", "purge", "-q", Q, "--older-than", "100"], redis_url).stdout == (
+        f"claimkit dead purge {Q}: purged=1\n"
+    )
+    assert do(redis_url, ("ZRANGE", f"{Q}:dead", 0, -1))[0] == [c]
+    assert invoke(["dead", "purge", "-q", Q, "--all"], redis_url).stdout == (
+        f"claimkit dead purge {Q}: purged=1\n"
+    )
+    assert do(redis_url, ("EXISTS", f"{Q}:dead"))[0] == 0
+
+
+# -- results and cancel ------------------------------------------------------------------------
+
+RECORDS = [
+    b'{"id":"r1","status_code":200,"payload":"{\\"text\\":\\"hi\\"}"}',
+    b'{"id":"r2","payload":"{\\"error\\":\\"deadline exceeded\\"}",'
+    b'"error_code":"DEADLINE_EXCEEDED","error_message":"deadline exceeded"}',
+    b"not a record",
+]
+
+
+def push_records(url: str, name: str = "result-list") -> None:
+    do(url, ("LPUSH", name, *RECORDS))  # LPUSH: r1 is the oldest, read first
+
+
+def test_results_peek_reads_without_removing(redis_url: str) -> None:
+    push_records(redis_url)
+    result = invoke(["results", "--peek"], redis_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        'r1  200  {"text":"hi"}',
+        "r2  DEADLINE_EXCEEDED  deadline exceeded",
+        "?  (not a terminal record)  not a record",
+    ]
+    assert do(redis_url, ("LLEN", "result-list"))[0] == 3
+
+
+def test_results_pops_oldest_first(redis_url: str) -> None:
+    push_records(redis_url)
+    result = invoke(["results", "--count", "2", "--json"], redis_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.encode().splitlines() == RECORDS[:2]
+    assert do(redis_url, ("LRANGE", "result-list", 0, -1))[0] == [RECORDS[2]]
+    assert invoke(["results"], redis_url).stdout == "?  (not a terminal record)  not a record\n"
+    empty = invoke(["results"], redis_url)
+    assert (empty.exit_code, empty.stdout) == (0, "")
+    assert empty.stderr == "claimkit results: result-list is empty\n"
+
+
+def test_results_follow_stops_after_count(redis_url: str) -> None:
+    push_records(redis_url, "mine")
+    result = invoke(["results", "--list", "mine", "--follow", "--count", "2", "--json"], redis_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.encode().splitlines() == RECORDS[:2]
+    assert do(redis_url, ("LLEN", "mine"))[0] == 1
+
+
+def test_results_list_defaults_to_the_configured_result_queue(redis_url: str) -> None:
+    push_records(redis_url, "configured")
+    transport = config(redis_url, result_queue_name="configured")
+    result = invoke(["results", "--peek", "--count", "1", "--transport-config", transport])
+    assert result.stdout == 'r1  200  {"text":"hi"}\n'
+
+
+def test_results_errors(redis_url: str) -> None:
+    one_line_error(
+        invoke(["results", "--follow", "--peek"], redis_url),
+        "--peek cannot be combined with --follow: a list cannot be tailed without popping",
+    )
+    do(redis_url, ("SET", "result-list", "x"))
+    one_line_error(
+        invoke(["results"], redis_url),
+        "key 'result-list' holds a string, not a list: is the queue or list name right?",
+    )
+
+
+def test_cancel_sets_the_marker_of_a_live_request(redis_url: str) -> None:
+    deadline = int(server_now(redis_url)) + 3600
+
+    async def submit(store: Store) -> str:
+        return await Producer(store, Q).submit({"id": "r1", "deadline": deadline})
+
+    token = redis(redis_url, submit)
+    result = invoke(["cancel", "r1", "ghost"], redis_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "r1: cancelled",
+        "ghost: not active (unknown, finished or expired); nothing to cancel",
+    ]
+    value, ttl, ghost = do(
+        redis_url,
+        ("GET", "request-cancel:r1"),
+        ("TTL", "request-cancel:r1"),
+        ("EXISTS", "request-cancel:ghost"),
+    )
+    assert value == token.encode()
+    assert 604700 < ttl <= 604800
+    assert ghost == 0

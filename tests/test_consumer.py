@@ -1,0 +1,382 @@
+"""The consumer in-process, on a private Redis and the real HTTP simulator (SPEC §3, §5)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+
+from claimkit._config import load_config
+from claimkit._consumer import Consumer, QueueRuntime
+from claimkit._dispatch import Done, Outcome, Retry
+from claimkit._models import Envelope, TerminalRecord
+from claimkit._producer import Producer
+from claimkit._sim import SimConfig, serve_sim
+from claimkit._store import Store, open_store
+
+Q = "requests"
+
+
+def make_config(redis_url: str, gateway: str, **overrides: Any) -> Any:
+    doc: dict[str, Any] = {
+        "url": redis_url,
+        "poll_interval_ms": 20,
+        "claim_lease_ttl_seconds": 3,
+        "claim_reclaim_interval_ms": 100,
+        "metrics_port": 0,
+        "health_port": 0,
+        "drain_timeout_seconds": 2,
+        "queues": [{"queue_name": Q, "igw_base_url": gateway}],
+    }
+    doc.update(overrides)
+    return load_config(inline=json.dumps(doc))
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll Redis state until ``predicate`` holds (the test's fail_after bounds it)."""
+    while not await predicate():
+        await trio.sleep(0.02)
+    del what
+
+
+async def records(store: Store, key: str = "result-list") -> list[dict[str, Any]]:
+    raw = await store.command("LRANGE", key, 0, -1)
+    return [json.loads(r) for r in reversed(raw)]
+
+
+async def claim_state(store: Store) -> dict[str, Any]:
+    return {
+        "pending": await store.command("ZCARD", Q),
+        "claimed": await store.command("HLEN", f"{Q}:claimed"),
+        "owners": await store.command("HLEN", f"{Q}:claim-owners"),
+        "index": await store.command("ZCARD", f"{Q}:claims-idx"),
+    }
+
+
+EMPTY = {"pending": 0, "claimed": 0, "owners": 0, "index": 0}
+
+
+def deadline(seconds: int = 600) -> int:
+    return int(time.time()) + seconds
+
+
+async def test_requests_end_with_one_record_each(store: Store, redis_url: str) -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as sim:
+            gateway = await sim.start(serve_sim, SimConfig(latency=(0.0, 0.01), seed=1))
+            consumer = Consumer(make_config(redis_url, gateway), store)
+            producer = Producer(store, Q)
+            ids = [f"req-{i:03d}" for i in range(60)]
+            await producer.submit_many(
+                [{"id": rid, "deadline": deadline(), "payload": {"id": rid, "prompt": "hi"}} for rid in ids]
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+
+                async def all_done() -> bool:
+                    return await store.command("LLEN", "result-list") == len(ids)
+
+                await wait_for(all_done, "60 records")
+                consumer.request_stop()
+            sim.cancel_scope.cancel()
+        got = await records(store)
+        assert sorted(r["id"] for r in got) == ids
+        assert {r["status_code"] for r in got} == {200}
+        assert all(json.loads(r["payload"])["id"] == r["id"] for r in got)
+        assert list(got[0]) == ["id", "status_code", "payload"]
+        assert await claim_state(store) == EMPTY
+        assert consumer.summary.claimed == 60
+        assert consumer.summary.acked == 60
+        assert consumer.summary.released == 0
+        for rid in ids:
+            assert await store.command("GET", f"result-terminal:{rid}") is not None
+
+
+async def _blocking_handler(release: trio.Event) -> Callable[[QueueRuntime, Envelope, float], Awaitable[Outcome]]:
+    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        await release.wait()
+        return Done(TerminalRecord.http(env.id, 200, "{}"))
+
+    return handler
+
+
+async def test_graceful_shutdown_sweeps_in_flight_claims_back_at_original_scores(
+    store: Store, redis_url: str
+) -> None:
+    never = trio.Event()
+    with trio.fail_after(20):
+        producer = Producer(store, Q)
+        reqs = [{"id": f"r{i}", "deadline": deadline(1000 + i)} for i in range(5)]
+        await producer.submit_many(reqs)
+        before = await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")
+        consumer = Consumer(
+            make_config(redis_url, "http://127.0.0.1:9", drain_timeout_seconds=0.2),
+            store,
+            handler=await _blocking_handler(never),
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+
+            async def all_claimed() -> bool:
+                return await store.command("HLEN", f"{Q}:claim-owners") == 5
+
+            await wait_for(all_claimed, "5 claims")
+            consumer.request_stop()
+        after = await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")
+        assert after == before  # same bytes, same scores
+        assert await claim_state(store) == {**EMPTY, "pending": 5}
+        assert await records(store) == []
+        assert consumer.summary.released == 5
+        assert consumer.summary.acked == 0
+
+
+async def test_task_ignoring_cancellation_does_not_keep_its_claim(
+    store: Store, redis_url: str
+) -> None:
+    """The sweep returns the claim while the task is still stuck; its late result then
+    withdraws the swept copy, so the request ends with exactly one record (SPEC §3.6)."""
+    stuck = trio.Event()
+    unstick = trio.Event()
+
+    async def stubborn(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        with trio.CancelScope(shield=True):
+            stuck.set()
+            await unstick.wait()
+        return Done(TerminalRecord.http(env.id, 200, '{"late":true}'))
+
+    with trio.fail_after(20):
+        await Producer(store, Q).submit({"id": "slow", "deadline": deadline()})
+        before = await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")
+        consumer = Consumer(
+            make_config(redis_url, "http://127.0.0.1:9", drain_timeout_seconds=0.1),
+            store,
+            handler=stubborn,
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            await stuck.wait()
+            consumer.request_stop()
+
+            async def swept() -> bool:
+                return await store.command("ZCARD", Q) == 1
+
+            await wait_for(swept, "the stuck claim swept back")
+            assert await store.command("ZRANGE", Q, 0, -1, "WITHSCORES") == before
+            assert await store.command("HLEN", f"{Q}:claim-owners") == 0
+            unstick.set()
+        assert [r["id"] for r in await records(store)] == ["slow"]
+        assert await claim_state(store) == EMPTY
+        assert consumer.summary.released == 1
+
+
+async def test_stolen_claim_cancels_work_and_writes_no_record(store: Store, redis_url: str) -> None:
+    started = trio.Event()
+    cancelled = trio.Event()
+
+    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+        raise AssertionError("unreachable")
+
+    with trio.fail_after(20):
+        await Producer(store, Q).submit({"id": "x1", "deadline": deadline()})
+        consumer = Consumer(make_config(redis_url, "http://127.0.0.1:9"), store, handler=handler)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            await started.wait()
+            await store.command("HSET", f"{Q}:claim-owners", "x1", "someone-else")
+            await cancelled.wait()  # the next heartbeat (1 s) finds the claim taken
+            consumer.request_stop()
+        assert consumer.summary.lost_claims == 1
+        assert consumer.summary.released == 0
+        assert await records(store) == []
+        # The other owner's claim is untouched.
+        assert await store.command("HGET", f"{Q}:claim-owners", "x1") == b"someone-else"
+
+
+async def test_malformed_members_are_dead_lettered_and_the_rest_served(
+    store: Store, redis_url: str
+) -> None:
+    bad = [
+        b"not json",
+        json.dumps({"request_kind": "plain", "data": {"deadline": deadline()}}).encode(),
+        json.dumps({"data": {"id": "no-kind", "deadline": deadline()}}).encode(),
+        json.dumps({"request_kind": "plain", "data": {"id": "strdl", "deadline": "soon"}}).encode(),
+    ]
+    with trio.fail_after(20):
+        for i, member in enumerate(bad):
+            await store.command("ZADD", Q, i + 1, member)
+        await Producer(store, Q).submit({"id": "good", "deadline": deadline()})
+        async with trio.open_nursery() as sim:
+            gateway = await sim.start(serve_sim, SimConfig())
+            consumer = Consumer(make_config(redis_url, gateway), store)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+
+                async def good_done() -> bool:
+                    return any(r["id"] == "good" for r in await records(store))
+
+                await wait_for(good_done, "good served")
+                consumer.request_stop()
+            sim.cancel_scope.cancel()
+        dead = await store.command("ZRANGE", f"{Q}:dead", 0, -1)
+        assert sorted(dead) == sorted(bad)
+        by_id = {r["id"]: r for r in await records(store)}
+        assert set(by_id) == {"good", "no-kind", "strdl"}
+        assert by_id["good"]["status_code"] == 200
+        assert by_id["strdl"]["error_code"] == "INVALID_REQUEST"
+        assert by_id["strdl"]["error_message"] == "Failed: deadline is missing or invalid (Unix seconds)."
+        assert by_id["no-kind"]["error_code"] == "INVALID_REQUEST"
+        assert consumer.summary.dead_lettered == 4
+
+
+async def test_retry_parks_then_serves_with_retry_count(store: Store, redis_url: str) -> None:
+    seen: list[int] = []
+
+    async def flaky(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        seen.append(env.retry_count)
+        if env.retry_count < 2:
+            return Retry(delay=0.05, last=TerminalRecord.http(env.id, 503, "busy"))
+        return Done(TerminalRecord.http(env.id, 200, "fine"))
+
+    with trio.fail_after(20):
+        await Producer(store, Q).submit({"id": "f1", "deadline": deadline(), "extra": {"keep": 1}})
+        consumer = Consumer(make_config(redis_url, "http://127.0.0.1:9"), store, handler=flaky)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+
+            async def done() -> bool:
+                return await store.command("LLEN", "result-list") == 1
+
+            await wait_for(done, "record")
+            consumer.request_stop()
+        assert seen == [0, 1, 2]
+        assert await records(store) == [{"id": "f1", "status_code": 200, "payload": "fine"}]
+        assert consumer.summary.retried == 2
+        assert await store.command("ZCARD", "retry-sortedset") == 0
+        assert await claim_state(store) == EMPTY
+
+
+async def test_cancelled_and_expired_requests_get_their_records(store: Store, redis_url: str) -> None:
+    calls: list[str] = []
+
+    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        calls.append(env.id)
+        return Done(TerminalRecord.http(env.id, 200, "ok"))
+
+    with trio.fail_after(20):
+        producer = Producer(store, Q)
+        await producer.submit({"id": "c1", "deadline": deadline()})
+        assert await producer.cancel("c1") is True
+        assert await producer.cancel("never-submitted") is False
+        expired = {"request_kind": "plain", "data": {"id": "e1", "deadline": 1000}}
+        await store.command("ZADD", Q, 1000, json.dumps(expired))
+        consumer = Consumer(make_config(redis_url, "http://127.0.0.1:9"), store, handler=handler)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+
+            async def done() -> bool:
+                return await store.command("LLEN", "result-list") == 2
+
+            await wait_for(done, "2 records")
+            consumer.request_stop()
+        by_id = {r["id"]: r for r in await records(store)}
+        assert by_id["c1"] == {
+            "id": "c1",
+            "payload": '{"error":"cancelled"}',
+            "error_code": "CANCELLED",
+            "error_message": "cancelled",
+        }
+        assert by_id["e1"] == {
+            "id": "e1",
+            "payload": '{"error":"deadline exceeded"}',
+            "error_code": "DEADLINE_EXCEEDED",
+            "error_message": "deadline exceeded",
+        }
+        assert calls == []
+        assert await claim_state(store) == EMPTY
+
+
+async def test_gate_refusal_leaves_member_pending_byte_for_byte(store: Store, redis_url: str) -> None:
+    calls: list[str] = []
+
+    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        calls.append(env.id)
+        return Done(TerminalRecord.http(env.id, 200, "ok"))
+
+    cfg_queue = {
+        "queue_name": Q,
+        "igw_base_url": "http://127.0.0.1:9",
+        "gate_type": "redis",
+        "gate_params": {"key": "budget"},
+    }
+    with trio.fail_after(20):
+        await store.command("SET", "budget", "0")
+        await Producer(store, Q).submit({"id": "g1", "deadline": deadline()})
+        before = await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")
+        consumer = Consumer(
+            make_config(redis_url, "http://127.0.0.1:9", queues=[cfg_queue]), store, handler=handler
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            # Several poll rounds pass with the gate closed.
+            await trio.sleep(0.3)
+            assert await store.command("ZRANGE", Q, 0, -1, "WITHSCORES") == before
+            assert await claim_state(store) == {**EMPTY, "pending": 1}
+            await store.command("SET", "budget", "bogus")  # a gate error: still pending
+            await trio.sleep(0.2)
+            assert await store.command("ZRANGE", Q, 0, -1, "WITHSCORES") == before
+            await store.command("SET", "budget", "1")
+
+            async def done() -> bool:
+                return await store.command("LLEN", "result-list") == 1
+
+            await wait_for(done, "record once the gate opens")
+            consumer.request_stop()
+        assert calls == ["g1"]
+
+
+@pytest.mark.slow
+async def test_redis_crash_mid_run_loses_nothing(redis_factory: Any) -> None:
+    """Redis (AOF always) is SIGKILLed and restarted while the consumer runs."""
+    server = redis_factory(aof="always")
+    n = 120
+    with trio.fail_after(60):
+        async with open_store(server.url, timeout=2) as store, trio.open_nursery() as sim:
+            gateway = await sim.start(serve_sim, SimConfig(latency=(0.01, 0.05), seed=3))
+            ids = [f"k{i:03d}" for i in range(n)]
+            await Producer(store, Q).submit_many(
+                [{"id": rid, "deadline": deadline(), "payload": {"id": rid}} for rid in ids]
+            )
+            consumer = Consumer(make_config(server.url, gateway), store)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+
+                async def some_done() -> bool:
+                    return await store.command("LLEN", "result-list") >= 20
+
+                await wait_for(some_done, "first records")
+                await trio.to_thread.run_sync(server.kill)
+                await trio.sleep(0.5)
+                await trio.to_thread.run_sync(server.restart)
+
+                async def all_done() -> bool:
+                    try:
+                        return await store.command("LLEN", "result-list") == n
+                    except ConnectionError:
+                        return False
+
+                await wait_for(all_done, "every record after the restart")
+                consumer.request_stop()
+            sim.cancel_scope.cancel()
+        async with open_store(server.url) as store:
+            got = await records(store)
+            assert sorted(r["id"] for r in got) == ids  # each exactly once
+            assert await claim_state(store) == EMPTY

@@ -1,0 +1,768 @@
+"""Dispatch (SPEC §4) against real HTTP servers: the simulator, a tiny ASGI app, a raw socket."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import random
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+import pytest
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from claimkit._dispatch import (
+    DEADLINE_MARGIN,
+    Done,
+    Retry,
+    Target,
+    backoff_delay,
+    build_headers,
+    build_url,
+    dispatch,
+    open_http_client,
+)
+from claimkit._models import Envelope, ErrorCode, TerminalRecord, parse_member
+from claimkit._sim import SimApp, SimConfig, serve_sim
+
+TIMEOUT = 10.0  # absolute cap for every test, seconds
+PREFIX = "Failed to send request to inference: "
+SIM_429_BODY = (
+    '{"error":{"message":"simulated rate limit","type":"rate_limit_exceeded",'
+    '"param":null,"code":null}}'
+)
+
+
+def make_env(
+    *,
+    rid: str = "req-1",
+    deadline: int | None = None,
+    payload: Any = None,
+    headers: dict[str, str] | None = None,
+    metadata: dict[str, str] | None = None,
+    endpoint: str | None = None,
+    retry_count: int = 0,
+) -> Envelope:
+    data: dict[str, Any] = {
+        "id": rid,
+        "deadline": deadline if deadline is not None else int(time.time()) + 1000,
+        "payload": payload,
+    }
+    if headers is not None:
+        data["headers"] = headers
+    if metadata is not None:
+        data["metadata"] = metadata
+    if endpoint is not None:
+        data["endpoint"] = endpoint
+    member = {"internal": {"retry_count": retry_count}, "request_kind": "plain", "data": data}
+    env = parse_member(json.dumps(member).encode())
+    assert isinstance(env, Envelope)
+    return env
+
+
+def expected_base(seed: int, attempt: int, seconds_left: float) -> tuple[float, random.Random]:
+    """The first draw ``backoff_delay`` makes, replayed; returns the rng for further draws."""
+    rng = random.Random(seed)
+    t = min(60.0, seconds_left, 2.0 * 2.0**attempt)
+    return t / 2 + rng.random() * (t / 2), rng
+
+
+# -- servers -------------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+@dataclass
+class EdgeApp:
+    """A tiny ASGI gateway with one route per edge case; it records every call."""
+
+    calls: list[Call] = field(default_factory=list)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                event = await receive()
+                if event["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            event = await receive()
+            body += event.get("body", b"")
+            if not event.get("more_body", False):
+                break
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        path = scope["path"]
+        self.calls.append(Call(scope["method"], path, headers, body))
+        query = parse_qs(scope["query_string"].decode())
+        extra: list[tuple[bytes, bytes]] = []
+        if path == "/created":
+            status, out = 201, '{"id": "x",  "text": "café" }\n'.encode()
+            extra = [(b"content-type", b"application/json; charset=utf-8")]
+        elif path == "/bad":
+            status, out = 400, b'{"error":"prompt is required"}'
+        elif path == "/busy":
+            status, out = 429, b"slow down"
+            if "ra" in query:
+                extra = [(b"retry-after", query["ra"][0].encode())]
+        elif path == "/boom":
+            status, out = 500, b"boom"
+        elif path == "/unavailable":
+            status, out = 503, b"try later"
+        elif path == "/redirect":
+            status, out = 302, b"moved"
+            extra = [(b"location", b"/landed")]
+        elif path == "/landed":
+            status, out = 200, b"landed"
+        elif path.endswith("/echo"):
+            headers_out = [[k, v] for k, v in headers]
+            doc = {"path": path, "headers": headers_out, "body": body.decode()}
+            status, out = 200, json.dumps(doc).encode()
+        else:
+            status, out = 404, f"no route {scope['method']} {path}".encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-length", str(len(out)).encode()), *extra],
+            }
+        )
+        await send({"type": "http.response.body", "body": out, "more_body": False})
+
+
+@dataclass
+class Edge:
+    url: str
+    app: EdgeApp
+
+
+@pytest.fixture
+async def edge(nursery: trio.Nursery) -> Edge:
+    app = EdgeApp()
+    config = HypercornConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.errorlog = None
+    config.accesslog = None
+    with trio.fail_after(TIMEOUT):
+        binds = await nursery.start(partial(serve, app, config, mode="asgi"))
+    return Edge(binds[0], app)
+
+
+async def start_sim(nursery: trio.Nursery, config: SimConfig) -> tuple[str, SimApp]:
+    app = SimApp(config)
+    with trio.fail_after(TIMEOUT):
+        url = await nursery.start(partial(serve_sim, config, app=app))
+    return url, app
+
+
+@pytest.fixture
+async def broken_body_url(nursery: trio.Nursery) -> str:
+    """A raw HTTP server that promises 100 body bytes, sends 7, and hangs up."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            received = b""
+            while b"\r\n\r\n" not in received:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    return
+                received += chunk
+            await stream.send_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\npartial"
+            )
+
+    listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with open_http_client(8) as c:
+        yield c
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+# -- terminal HTTP outcomes ----------------------------------------------------------------
+
+
+async def test_201_body_kept_exactly(edge: Edge, client: httpx.AsyncClient) -> None:
+    with trio.fail_after(TIMEOUT):
+        env = make_env(payload={"prompt": "hi"})
+        out = await dispatch(
+            client, env, Target(edge.url, "/created"), request_timeout=5, now=time.time()
+        )
+    body = '{"id": "x",  "text": "café" }\n'
+    assert out == Done(TerminalRecord(id="req-1", payload=body, status_code=201))
+    assert [(c.method, c.path, c.body) for c in edge.app.calls] == [
+        ("POST", "/created", b'{"prompt":"hi"}')
+    ]
+
+
+async def test_200_from_simulator(nursery: trio.Nursery, client: httpx.AsyncClient) -> None:
+    url, app = await start_sim(nursery, SimConfig())
+    with trio.fail_after(TIMEOUT):
+        env = make_env(rid="r-7", payload={"id": "r-7", "model": "m1", "prompt": "x"})
+        out = await dispatch(client, env, Target(url), request_timeout=5, now=time.time())
+    assert isinstance(out, Done)
+    assert out.record.status_code == 200
+    assert out.record.error_code is None
+    doc = json.loads(out.record.payload)
+    assert (doc["id"], doc["object"], doc["model"]) == ("r-7", "text_completion", "m1")
+    assert app.stats()["calls_by_id"] == {"r-7": 1}
+
+
+async def test_endpoint_overrides_queue_path(
+    nursery: trio.Nursery, client: httpx.AsyncClient
+) -> None:
+    url, _ = await start_sim(nursery, SimConfig())
+    with trio.fail_after(TIMEOUT):
+        env = make_env(payload={"messages": []}, endpoint="/v1/chat/completions")
+        out = await dispatch(client, env, Target(url + "/"), request_timeout=5, now=time.time())
+    assert isinstance(out, Done)
+    assert out.record.status_code == 200
+    assert json.loads(out.record.payload)["object"] == "chat.completion"
+
+
+async def test_null_payload_is_sent_as_json_null(edge: Edge, client: httpx.AsyncClient) -> None:
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            make_env(payload=None),
+            Target(edge.url, "echo"),
+            request_timeout=5,
+            now=time.time(),
+        )
+    assert isinstance(out, Done)
+    assert json.loads(out.record.payload)["body"] == "null"
+    assert edge.app.calls[0].body == b"null"
+
+
+async def test_base_url_prefix_kept_and_404_terminal(edge: Edge, client: httpx.AsyncClient) -> None:
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            make_env(),
+            Target(edge.url + "/gw/", "/v1/completions"),
+            request_timeout=5,
+            now=time.time(),
+        )
+    assert out == Done(TerminalRecord.http("req-1", 404, "no route POST /gw/v1/completions"))
+
+
+async def test_400_is_terminal_with_body(edge: Edge, client: httpx.AsyncClient) -> None:
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            make_env(retry_count=3),
+            Target(edge.url, "/bad"),
+            request_timeout=5,
+            now=time.time(),
+        )
+    assert out == Done(TerminalRecord.http("req-1", 400, '{"error":"prompt is required"}'))
+    assert len(edge.app.calls) == 1
+
+
+async def test_redirect_is_not_followed(edge: Edge, client: httpx.AsyncClient) -> None:
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client, make_env(), Target(edge.url, "/redirect"), request_timeout=5, now=time.time()
+        )
+    assert out == Done(TerminalRecord.http("req-1", 302, "moved"))
+    assert [(c.method, c.path) for c in edge.app.calls] == [("POST", "/redirect")]
+
+
+# -- retryable outcomes --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("retry_count", [0, 1, 2, 3, 4, 5, 9])
+async def test_429_retry_delay_follows_backoff(
+    edge: Edge, client: httpx.AsyncClient, retry_count: int
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        env = make_env(retry_count=retry_count)
+        out = await dispatch(
+            client,
+            env,
+            Target(edge.url, "/busy"),
+            request_timeout=5,
+            now=time.time(),
+            rng=random.Random(42),
+        )
+    attempt = retry_count + 1
+    t = min(60.0, 2.0 * 2.0**attempt)  # s ≈ 1000 s does not bind
+    want, _ = expected_base(42, attempt, 1000.0)
+    assert out == Retry(want, TerminalRecord.http("req-1", 429, "slow down"))
+    assert t / 2 <= out.delay < t
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "body"), [("/boom", 500, "boom"), ("/unavailable", 503, "try later")]
+)
+async def test_5xx_retry(
+    edge: Edge, client: httpx.AsyncClient, path: str, status: int, body: str
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            make_env(retry_count=1),
+            Target(edge.url, path),
+            request_timeout=5,
+            now=time.time(),
+            rng=random.Random(7),
+        )
+    want, _ = expected_base(7, 2, 1000.0)
+    assert out == Retry(want, TerminalRecord.http("req-1", status, body))
+    assert 4.0 <= out.delay < 8.0
+
+
+async def test_simulator_429_with_retry_after_seconds(
+    nursery: trio.Nursery, client: httpx.AsyncClient
+) -> None:
+    url, app = await start_sim(nursery, SimConfig(rate_429=1.0, retry_after="30"))
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            make_env(),
+            Target(url),
+            request_timeout=5,
+            now=time.time(),
+            rng=random.Random(3),
+        )
+    _, rng = expected_base(3, 1, 1000.0)
+    want = 30.0 * (1.0 + 0.25 * rng.random())
+    assert out == Retry(want, TerminalRecord.http("req-1", 429, SIM_429_BODY))
+    assert 30.0 <= out.delay < 37.5
+    assert app.stats()["by_status"] == {"429": 1}
+
+
+async def test_retry_after_http_date_honoured(edge: Edge, client: httpx.AsyncClient) -> None:
+    now = time.time()
+    date = email.utils.formatdate(math.floor(now) + 41, usegmt=True)
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            make_env(),
+            Target(edge.url, f"/busy?ra={date}"),
+            request_timeout=5,
+            now=now,
+            rng=random.Random(5),
+        )
+    assert isinstance(out, Retry)
+    # Asked for 40..41 s from `now`, minus the attempt's own duration, plus up to 25 %.
+    assert 39.0 <= out.delay < 41.0 * 1.25
+
+
+async def test_retry_after_capped_at_half_the_time_left(
+    edge: Edge, client: httpx.AsyncClient
+) -> None:
+    now = time.time()
+    deadline = math.floor(now) + 21  # 20..21 s left
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            make_env(deadline=deadline),
+            Target(edge.url, "/busy?ra=3600"),
+            request_timeout=5,
+            now=now,
+            rng=random.Random(5),
+        )
+    assert isinstance(out, Retry)
+    assert 9.9 <= out.delay < 10.5 * 1.25
+    assert out.last == TerminalRecord.http("req-1", 429, "slow down")
+
+
+async def test_body_that_breaks_mid_read_is_retried(
+    broken_body_url: str, client: httpx.AsyncClient
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            make_env(),
+            Target(broken_body_url),
+            request_timeout=5,
+            now=time.time(),
+            rng=random.Random(11),
+        )
+    want, _ = expected_base(11, 1, 1000.0)
+    assert out == Retry(want, None)
+
+
+# -- the deadline --------------------------------------------------------------------------
+
+
+async def test_near_deadline_retry_becomes_last_response(
+    nursery: trio.Nursery, client: httpx.AsyncClient
+) -> None:
+    url, app = await start_sim(nursery, SimConfig(rate_429=1.0))
+    env = make_env(deadline=2_000_000_000)
+    # 1 s left: the backoff is at least 0.5 s, which would leave < DEADLINE_MARGIN.
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            env,
+            Target(url),
+            request_timeout=5,
+            now=env.deadline - 1.0,
+            rng=random.Random(1),
+        )
+    assert DEADLINE_MARGIN == 0.5
+    assert out == Done(TerminalRecord.http("req-1", 429, SIM_429_BODY))
+    assert app.stats()["requests"] == 1
+
+
+async def test_near_deadline_unreadable_body_is_deadline_exceeded(
+    broken_body_url: str, client: httpx.AsyncClient
+) -> None:
+    env = make_env(deadline=2_000_000_000)
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            env,
+            Target(broken_body_url),
+            request_timeout=5,
+            now=env.deadline - 1.0,
+        )
+    assert out == Done(
+        TerminalRecord.error("req-1", ErrorCode.DEADLINE_EXCEEDED, "deadline exceeded")
+    )
+
+
+@pytest.mark.parametrize("past", [0.0, 0.001, 30.0])
+async def test_deadline_passed_sends_nothing(
+    nursery: trio.Nursery, client: httpx.AsyncClient, past: float
+) -> None:
+    url, _ = await start_sim(nursery, SimConfig())
+    env = make_env(deadline=2_000_000_000)
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(client, env, Target(url), request_timeout=5, now=env.deadline + past)
+        stats = (await client.get(url + "/stats")).json()
+    assert out == Done(
+        TerminalRecord(
+            id="req-1",
+            payload='{"error":"deadline exceeded"}',
+            error_code="DEADLINE_EXCEEDED",
+            error_message="deadline exceeded",
+        )
+    )
+    assert stats == {"requests": 0, "by_status": {}, "hangs": 0, "calls_by_id": {}}
+
+
+# -- no response ---------------------------------------------------------------------------
+
+
+async def test_connection_refused_is_inference_error(client: httpx.AsyncClient) -> None:
+    port = closed_port()
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            make_env(),
+            Target(f"http://127.0.0.1:{port}"),
+            request_timeout=5,
+            now=time.time(),
+        )
+    message = f"{PREFIX}all attempts to connect to 127.0.0.1:{port} failed (Connection refused)"
+    assert out == Done(
+        TerminalRecord(
+            id="req-1",
+            payload=json.dumps({"error": message}, separators=(",", ":")),
+            error_code="INFERENCE_ERROR",
+            error_message=message,
+        )
+    )
+    assert (
+        out.record.to_json()
+        == json.dumps(
+            {
+                "id": "req-1",
+                "payload": json.dumps({"error": message}, separators=(",", ":")),
+                "error_code": "INFERENCE_ERROR",
+                "error_message": message,
+            },
+            separators=(",", ":"),
+        ).encode()
+    )
+
+
+async def test_hang_times_out_as_inference_error(
+    nursery: trio.Nursery, client: httpx.AsyncClient
+) -> None:
+    url, app = await start_sim(nursery, SimConfig(rate_hang=1.0))
+    with trio.fail_after(TIMEOUT):
+        started = trio.current_time()
+        out = await dispatch(client, make_env(), Target(url), request_timeout=0.3, now=time.time())
+        elapsed = trio.current_time() - started
+    assert out == Done(
+        TerminalRecord.error(
+            "req-1", ErrorCode.INFERENCE_ERROR, PREFIX + "no response within 0.3 s"
+        )
+    )
+    assert 0.3 <= elapsed < 2.0
+    assert app.stats()["hangs"] == 1
+
+
+async def test_timeout_is_capped_by_deadline(
+    nursery: trio.Nursery, client: httpx.AsyncClient
+) -> None:
+    url, _ = await start_sim(nursery, SimConfig(rate_hang=1.0))
+    env = make_env(deadline=2_000_000_000)
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(client, env, Target(url), request_timeout=300, now=env.deadline - 0.25)
+    assert out == Done(
+        TerminalRecord.error(
+            "req-1", ErrorCode.INFERENCE_ERROR, PREFIX + "no response within 0.25 s"
+        )
+    )
+
+
+async def test_unsupported_scheme_is_inference_error(client: httpx.AsyncClient) -> None:
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client, make_env(), Target("ftp://gw.example"), request_timeout=5, now=time.time()
+        )
+    assert out == Done(
+        TerminalRecord.error(
+            "req-1",
+            ErrorCode.INFERENCE_ERROR,
+            PREFIX + "Request URL has an unsupported protocol 'ftp://'.",
+        )
+    )
+
+
+# -- headers and URLs ----------------------------------------------------------------------
+
+
+def test_build_headers_order_and_overrides() -> None:
+    env = make_env(
+        headers={
+            "content-type": "application/json; charset=utf-8",
+            "X-Custom": "1",
+            "X-LLM-D-Inference-Fairness-Id": "spoofed",
+        },
+        metadata={"userid": "alice", "other": "x"},
+    )
+    headers = build_headers(env, Target("http://gw", inference_objective="premium"))
+    assert list(headers.items()) == [
+        ("x-gateway-inference-objective", "premium"),
+        ("content-type", "application/json; charset=utf-8"),
+        ("X-Custom", "1"),
+        ("x-llm-d-inference-fairness-id", "alice"),
+    ]
+
+
+def test_build_headers_request_overrides_objective() -> None:
+    env = make_env(headers={"X-Gateway-Inference-Objective": "mine"})
+    headers = build_headers(env, Target("http://gw", inference_objective="premium"))
+    assert headers == {"Content-Type": "application/json", "X-Gateway-Inference-Objective": "mine"}
+
+
+@pytest.mark.parametrize("metadata", [None, {}, {"userid": ""}, {"UserId": "bob"}])
+def test_build_headers_without_userid(metadata: dict[str, str] | None) -> None:
+    env = make_env(metadata=metadata, headers={"x-llm-d-inference-fairness-id": "kept"})
+    assert build_headers(env, Target("http://gw")) == {
+        "Content-Type": "application/json",
+        "x-llm-d-inference-fairness-id": "kept",
+    }
+
+
+async def test_headers_on_the_wire(edge: Edge, client: httpx.AsyncClient) -> None:
+    env = make_env(
+        payload={"prompt": "p"},
+        headers={
+            "CONTENT-TYPE": "application/json",
+            "X-Custom": "ü",
+            "x-LLM-d-inference-FAIRNESS-id": "spoof",
+        },
+        metadata={"userid": "alice"},
+    )
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(
+            client,
+            env,
+            Target(edge.url, "/v1/echo", "batch"),
+            request_timeout=5,
+            now=time.time(),
+        )
+    assert isinstance(out, Done)
+    sent = edge.app.calls[0].headers
+    interesting = [
+        (k, v)
+        for k, v in sent
+        if k
+        in {
+            "content-type",
+            "x-custom",
+            "x-gateway-inference-objective",
+            "x-llm-d-inference-fairness-id",
+            "user-agent",
+        }
+    ]
+    assert sorted(interesting) == [
+        ("content-type", "application/json"),
+        ("user-agent", "claimkit"),
+        ("x-custom", "ü".encode().decode("latin-1")),
+        ("x-gateway-inference-objective", "batch"),
+        ("x-llm-d-inference-fairness-id", "alice"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("base", "path", "url"),
+    [
+        ("http://gw:8000", "/v1/completions", "http://gw:8000/v1/completions"),
+        ("http://gw:8000/", "/v1/completions", "http://gw:8000/v1/completions"),
+        ("http://gw:8000/", "v1/completions", "http://gw:8000/v1/completions"),
+        ("http://gw:8000", "v1/completions", "http://gw:8000/v1/completions"),
+        ("http://gw/prefix/", "/v1/chat/completions", "http://gw/prefix/v1/chat/completions"),
+        ("http://gw/prefix", "/v1/x", "http://gw/prefix/v1/x"),
+        ("http://gw//", "//v1/x", "http://gw/v1/x"),
+        ("http://gw/prefix", "", "http://gw/prefix"),
+        ("http://gw", "http://evil/x", "http://gw/http://evil/x"),
+    ],
+)
+def test_build_url(base: str, path: str, url: str) -> None:
+    assert build_url(base, path) == url
+
+
+# -- backoff_delay (pure) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "seconds_left", "low", "high"),
+    [
+        (1, 1000.0, 2.0, 4.0),
+        (2, 1000.0, 4.0, 8.0),
+        (3, 1000.0, 8.0, 16.0),
+        (4, 1000.0, 16.0, 32.0),
+        (5, 1000.0, 30.0, 60.0),
+        (6, 1000.0, 30.0, 60.0),
+        (1000, 1000.0, 30.0, 60.0),
+        (0, 1000.0, 2.0, 4.0),
+        (5, 10.0, 5.0, 10.0),
+        (1, 3.0, 1.5, 3.0),
+    ],
+)
+def test_backoff_range(attempt: int, seconds_left: float, low: float, high: float) -> None:
+    for seed in range(50):
+        delay = backoff_delay(attempt, seconds_left, None, now=0.0, rng=random.Random(seed))
+        assert low <= delay < high
+        assert delay == low + random.Random(seed).random() * (high - low)
+
+
+NOW = 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "seconds_left", "wanted"),
+    [
+        ("30", 1000.0, 30.0),
+        ("  30 ", 1000.0, 30.0),
+        ("7.5", 1000.0, 7.5),
+        ("3600", 100.0, 50.0),  # capped at s/2
+        (email.utils.formatdate(NOW + 40, usegmt=True), 1000.0, 40.0),
+        ("Tue, 14 Nov 2023 22:14:00", 1000.0, 40.0),  # no zone: read as UTC
+        (email.utils.formatdate(NOW + 4000, usegmt=True), 1000.0, 500.0),
+    ],
+)
+def test_retry_after_honoured(retry_after: str, seconds_left: float, wanted: float) -> None:
+    for seed in range(20):
+        delay = backoff_delay(1, seconds_left, retry_after, now=NOW, rng=random.Random(seed))
+        rng = random.Random(seed)
+        rng.random()  # the base draw
+        assert delay == wanted * (1.0 + 0.25 * rng.random())
+        assert wanted <= delay < wanted * 1.25
+
+
+@pytest.mark.parametrize(
+    "retry_after",
+    [
+        "1",
+        "0",
+        "soon",
+        "",
+        "-5",
+        "1e3",
+        "Wed, 99 Foo 2023",
+        email.utils.formatdate(NOW - 60, usegmt=True),
+    ],
+)
+def test_retry_after_ignored_when_small_or_unusable(retry_after: str) -> None:
+    for seed in range(20):
+        delay = backoff_delay(3, 1000.0, retry_after, now=NOW, rng=random.Random(seed))
+        assert delay == 8.0 + random.Random(seed).random() * 8.0
+
+
+def test_retry_after_cap_never_shortens_the_backoff() -> None:
+    # s = 10, attempt 5: base in [5, 10); Retry-After 100 is capped at 5 (+≤25 %).
+    for seed in range(50):
+        rng = random.Random(seed)
+        base = 5.0 + rng.random() * 5.0
+        honoured = 5.0 * (1.0 + 0.25 * rng.random())
+        delay = backoff_delay(5, 10.0, "100", now=NOW, rng=random.Random(seed))
+        assert delay == max(base, honoured)
+
+
+@pytest.mark.parametrize("seconds_left", [0.0, -1.0])
+def test_backoff_without_time_left_is_zero(seconds_left: float) -> None:
+    assert backoff_delay(1, seconds_left, "30", now=NOW, rng=random.Random(0)) == 0.0
+
+
+# -- the client ----------------------------------------------------------------------------
+
+
+async def test_open_http_client() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with open_http_client(3) as c:
+            assert c.follow_redirects is False
+            assert c.headers["user-agent"] == "claimkit"
+        assert c.is_closed
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        open_http_client(0)
+
+
+async def test_concurrency_limit_is_respected(nursery: trio.Nursery) -> None:
+    url, app = await start_sim(nursery, SimConfig(latency=(0.2, 0.2)))
+    results: list[object] = []
+    with trio.fail_after(TIMEOUT):
+        async with open_http_client(2) as c:
+            started = trio.current_time()
+            async with trio.open_nursery() as n:
+                for i in range(4):
+                    env = make_env(rid=f"r{i}", payload={"id": f"r{i}"})
+                    n.start_soon(_collect, results, c, env, url)
+            elapsed = trio.current_time() - started
+    # Two connections for four 0.2 s requests: two rounds.
+    assert 0.4 <= elapsed < 2.0
+    assert len(results) == 4
+    assert app.stats()["calls_by_id"] == {"r0": 1, "r1": 1, "r2": 1, "r3": 1}
+
+
+async def _collect(
+    results: list[object], client: httpx.AsyncClient, env: Envelope, url: str
+) -> None:
+    results.append(await dispatch(client, env, Target(url), request_timeout=5, now=time.time()))

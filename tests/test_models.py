@@ -1,0 +1,516 @@
+"""Wire models (SPEC §2.1, §2.3) and the producer (SPEC §2.2)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from claimkit._models import (
+    DEADLINE_INVALID_MESSAGE,
+    Envelope,
+    ErrorCode,
+    Invalid,
+    TerminalRecord,
+    parse_member,
+    retry_member,
+)
+from claimkit._producer import CANCEL_TTL_SECONDS, Producer, SubmitError
+from claimkit._protocol import ClaimCode, QueueOps, new_token
+from claimkit._scripts import Script
+from claimkit._store import Arg, Store
+
+Q = "requests"
+TOKEN = "0123456789abcdef" * 2
+
+
+def dumps(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# -- parse_member: valid -------------------------------------------------------------------------
+
+
+def test_parse_a_full_envelope() -> None:
+    raw = dumps(
+        {
+            "internal": {
+                "retry_count": 2,
+                "queue_id": "qid",
+                "request_token": TOKEN,
+                "request_queue_name": Q,
+                "result_queue_name": "mine",
+                "transport_correlation_id": "corr",
+                "labels": {"team": "a"},
+                "x-future": {"nested": [1]},
+            },
+            "request_kind": "redis",
+            "data": {
+                "id": "a:b{c}ü",
+                "deadline": 1_900_000_000,
+                "created": 1_800_000_000,
+                "payload": {"model": "m", "prompt": "hi"},
+                "metadata": {"userid": "u1"},
+                "headers": {"X-Trace": "t"},
+                "endpoint": "/v1/chat/completions",
+                "request_queue_name": "rq",
+                "result_queue_name": "data-list",
+                "x-unknown": True,
+            },
+            "zz": None,
+        }
+    )
+    assert parse_member(raw) == Envelope(
+        raw=raw,
+        id="a:b{c}ü",
+        deadline=1_900_000_000,
+        request_kind="redis",
+        payload={"model": "m", "prompt": "hi"},
+        metadata={"userid": "u1"},
+        headers={"X-Trace": "t"},
+        endpoint="/v1/chat/completions",
+        request_token=TOKEN,
+        retry_count=2,
+        result_queue_name="mine",  # internal.result_queue_name wins
+    )
+
+
+def test_parse_a_minimal_envelope() -> None:
+    raw = b'{"request_kind":"plain","data":{"id":"a","deadline":5}}'
+    assert parse_member(raw) == Envelope(
+        raw=raw,
+        id="a",
+        deadline=5,
+        request_kind="plain",
+        payload=None,
+        metadata={},
+        headers={},
+        endpoint=None,
+        request_token="",
+        retry_count=0,
+        result_queue_name=None,
+    )
+
+
+@pytest.mark.parametrize("kind", ["plain", "redis", "pubsub"])
+def test_every_request_kind_and_a_null_payload_parse(kind: str) -> None:
+    raw = dumps({"request_kind": kind, "data": {"id": "a", "deadline": 5, "payload": None}})
+    parsed = parse_member(raw)
+    assert isinstance(parsed, Envelope)
+    assert (parsed.request_kind, parsed.payload, parsed.raw) == (kind, None, raw)
+
+
+def test_result_list_comes_from_internal_only() -> None:
+    """SPEC §2.3: the member's ``internal.result_queue_name`` routes its record; the Lua
+    reclaim script follows the same rule, so ``data.result_queue_name`` is not used."""
+    raw = dumps(
+        {
+            "internal": {"result_queue_name": "i"},
+            "request_kind": "redis",
+            "data": {"id": "a", "deadline": 5, "result_queue_name": "r"},
+        }
+    )
+    parsed = parse_member(raw)
+    assert isinstance(parsed, Envelope)
+    assert parsed.result_queue_name == "i"
+    only_data = dumps(
+        {"request_kind": "redis", "data": {"id": "a", "deadline": 5, "result_queue_name": "r"}}
+    )
+    parsed = parse_member(only_data)
+    assert isinstance(parsed, Envelope)
+    assert parsed.result_queue_name is None
+
+
+# -- parse_member: invalid -------------------------------------------------------------------
+
+
+def envelope(data: dict[str, Any], **top: Any) -> bytes:
+    return dumps({"request_kind": "plain", "data": data, **top})
+
+
+@pytest.mark.parametrize(
+    ("raw", "names", "rid"),
+    [
+        (b"{not json", "not valid JSON", None),
+        (b"\xff\xfe", "not valid JSON", None),
+        (b"[1, 2]", "Expected `object`, got `array`", None),
+        (b'"a string"', "Expected `object`, got `str`", None),
+        (dumps({"data": {"id": "a", "deadline": 5}}), "`request_kind`", "a"),
+        (
+            dumps({"request_kind": "grpc", "data": {"id": "a", "deadline": 5}}),
+            "$.request_kind",
+            "a",
+        ),
+        (dumps({"request_kind": "plain"}), "`data`", None),
+        (envelope({"deadline": 5}), "`id`", None),
+        (envelope({"id": "", "deadline": 5}), "$.data.id", None),
+        (envelope({"id": 7, "deadline": 5}), "$.data.id", None),
+        (envelope({"id": "a", "deadline": 5, "payload": [1]}), "$.data.payload", "a"),
+        (envelope({"id": "a", "deadline": 5, "metadata": {"k": 1}}), "$.data.metadata", "a"),
+        (envelope({"id": "a", "deadline": 5, "headers": "h"}), "$.data.headers", "a"),
+        (envelope({"id": "a", "deadline": 5, "endpoint": 3}), "$.data.endpoint", "a"),
+        (
+            envelope({"id": "a", "deadline": 5}, internal={"retry_count": "x"}),
+            "$.internal.retry_count",
+            "a",
+        ),
+    ],
+)
+def test_invalid_members_name_the_field(raw: bytes, names: str, rid: str | None) -> None:
+    parsed = parse_member(raw)
+    assert isinstance(parsed, Invalid)
+    assert (parsed.raw, parsed.id) == (raw, rid)
+    assert parsed.reason.startswith("Failed: ")
+    assert names in parsed.reason
+    assert parsed.reason != DEADLINE_INVALID_MESSAGE
+
+
+@pytest.mark.parametrize(
+    "deadline",
+    [None, 0, -1, "1900000000", 1.5, 1_900_000_000.0, True, [1], {"s": 1}],
+)
+def test_deadline_problems_have_the_spec_message(deadline: Any) -> None:
+    data: dict[str, Any] = {"id": "d"}
+    if deadline is not None:
+        data["deadline"] = deadline
+    raw = envelope(data, internal={"request_token": TOKEN, "result_queue_name": "mine"})
+    parsed = parse_member(raw)
+    assert parsed == Invalid(raw, DEADLINE_INVALID_MESSAGE, "d", TOKEN, "mine")
+    assert DEADLINE_INVALID_MESSAGE == "Failed: deadline is missing or invalid (Unix seconds)."
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=64),
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers()
+            | st.floats(allow_nan=False)
+            | st.text(max_size=5),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(
+                    st.sampled_from(["id", "data", "deadline", "request_kind", "internal", "x"]),
+                    inner,
+                    max_size=4,
+                )
+            ),
+            max_leaves=12,
+        ).map(lambda doc: json.dumps(doc).encode()),
+    )
+)
+def test_parse_member_never_raises(raw: bytes) -> None:
+    parsed = parse_member(raw)
+    assert isinstance(parsed, Envelope | Invalid)
+    assert parsed.raw == raw
+    if isinstance(parsed, Invalid):
+        assert parsed.id is None or (isinstance(parsed.id, str) and parsed.id)
+
+
+# -- retry_member ----------------------------------------------------------------------------
+
+
+def test_retry_member_keeps_unknown_fields_and_their_order() -> None:
+    raw = (
+        (
+            '{"zz": {"b": 1, "a": [1, 2.5]}, "data": {"id": "é/1", "deadline": 1900000000, '
+            '"payload": {"k": "v"}, "x-new": null}, "internal": {"labels": {"l": "v"}, '
+            '"retry_count": 2, "request_token": "TOKEN", "x-int": 1}, "request_kind": "plain"}'
+        )
+        .replace("TOKEN", TOKEN)
+        .encode()
+    )
+    out = retry_member(raw, Q)
+    doc = json.loads(out)
+    original = json.loads(raw)
+    assert list(doc) == ["zz", "data", "internal", "request_kind"]
+    assert list(doc["internal"]) == [
+        "labels",
+        "retry_count",
+        "request_token",
+        "x-int",
+        "request_queue_name",
+    ]
+    assert doc == original | {
+        "internal": original["internal"] | {"retry_count": 3, "request_queue_name": Q}
+    }
+    assert "é/1".encode() in out  # not \\u-escaped
+    parsed = parse_member(out)
+    assert isinstance(parsed, Envelope)
+    assert (parsed.id, parsed.retry_count, parsed.request_token) == ("é/1", 3, TOKEN)
+
+
+@pytest.mark.parametrize(
+    ("internal", "expected"),
+    [
+        (None, {"retry_count": 1, "request_queue_name": Q}),
+        ({}, {"retry_count": 1, "request_queue_name": Q}),
+        ({"retry_count": "x"}, {"retry_count": 1, "request_queue_name": Q}),
+        (
+            {"request_queue_name": "old", "retry_count": 0},
+            {"request_queue_name": Q, "retry_count": 1},
+        ),
+    ],
+)
+def test_retry_member_counts_and_routes(
+    internal: dict[str, Any] | None, expected: dict[str, Any]
+) -> None:
+    doc: dict[str, Any] = {"request_kind": "plain", "data": {"id": "a", "deadline": 5}}
+    if internal is not None:
+        doc["internal"] = internal
+    out = json.loads(retry_member(dumps(doc), Q))
+    assert out["internal"] == expected
+    assert list(out["internal"]) == list(expected)
+    assert {k: v for k, v in out.items() if k != "internal"} == {
+        k: v for k, v in doc.items() if k != "internal"
+    }
+
+
+# -- TerminalRecord (SPEC §2.3) ----------------------------------------------------------------
+
+
+def test_http_record_field_order_and_omissions() -> None:
+    record = TerminalRecord.http("a", 200, '{"ok":true}')
+    assert record.to_json() == b'{"id":"a","status_code":200,"payload":"{\\"ok\\":true}"}'
+    assert TerminalRecord.from_json(record.to_json()) == record
+
+
+def test_http_error_record_keeps_status_and_body() -> None:
+    record = TerminalRecord.http("a", 404, "not found ü")
+    assert record.to_json() == '{"id":"a","status_code":404,"payload":"not found ü"}'.encode()
+
+
+SPEC_ERRORS = [
+    (ErrorCode.DEADLINE_EXCEEDED, "deadline exceeded"),
+    (ErrorCode.CANCELLED, "cancelled"),
+    (ErrorCode.GATE_DROPPED, "Pool gating dropped request"),
+    (ErrorCode.GATE_ERROR, "Pool gating error: budget unreadable"),
+    (ErrorCode.INFERENCE_ERROR, "Failed to send request to inference: connection refused"),
+    (ErrorCode.INVALID_REQUEST, DEADLINE_INVALID_MESSAGE),
+    (ErrorCode.MAX_DELIVERIES_EXCEEDED, "request was redelivered 10 times after its owner died"),
+]
+
+
+@pytest.mark.parametrize(("code", "message"), SPEC_ERRORS)
+def test_error_record_field_order_and_payload(code: str, message: str) -> None:
+    raw = TerminalRecord.error("id/1", code, message).to_json()
+    payload = json.dumps(json.dumps({"error": message}, separators=(",", ":")))
+    expected = (
+        f'{{"id":"id/1","payload":{payload},"error_code":"{code}",'
+        f'"error_message":{json.dumps(message)}}}'
+    ).encode()
+    assert raw == expected
+    doc = json.loads(raw)
+    assert list(doc) == ["id", "payload", "error_code", "error_message"]
+    assert json.loads(doc["payload"]) == {"error": message}
+    assert "status_code" not in doc
+
+
+def test_error_codes_are_the_spec_table() -> None:
+    names = {k for k in vars(ErrorCode) if not k.startswith("_")}
+    assert names == {code for code, _ in SPEC_ERRORS}
+    assert all(getattr(ErrorCode, n) == n for n in names)
+
+
+def test_record_from_json() -> None:
+    record = TerminalRecord.error("a", ErrorCode.CANCELLED, "cancelled")
+    assert TerminalRecord.from_json(record.to_json().decode()) == record
+    for bad in (b"[]", b'{"payload":"x"}', b'{"id":3}'):
+        with pytest.raises(ValueError, match="not a terminal record"):
+            TerminalRecord.from_json(bad)
+    with pytest.raises(ValueError):
+        TerminalRecord.from_json(b"{nope")
+
+
+# -- Producer (SPEC §2.2) ------------------------------------------------------------------------
+
+
+class RecordingStore:
+    """Records pipeline calls and delegates to a real store."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner, self.url = inner, inner.url
+        self.pipelines: list[tuple[list[list[Arg]], bool]] = []
+
+    async def command(self, *args: Arg) -> Any:
+        return await self.inner.command(*args)
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
+        self.pipelines.append(([list(c) for c in commands], transaction))
+        return await self.inner.pipeline(commands, transaction=transaction)
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        return await self.inner.run(script, keys, args)
+
+
+async def server_now(store: Store) -> float:
+    sec, usec = await store.command("TIME")
+    return int(sec) + int(usec) / 1_000_000
+
+
+def zset(reply: Any) -> list[tuple[bytes, float]]:
+    if reply and isinstance(reply[0], list):
+        return [(m, float(s)) for m, s in reply]
+    return [(m, float(s)) for m, s in zip(reply[0::2], reply[1::2], strict=True)]
+
+
+async def test_submit_many_writes_one_transaction(store: Store) -> None:
+    with trio.fail_after(10):
+        rec = RecordingStore(store)
+        producer = Producer(rec, Q)
+        now = await server_now(store)
+        d1, d2 = int(now) + 30, int(now) + 3600
+        await store.command("SET", "request-cancel:a", "old", "EX", 100)
+        tokens = await producer.submit_many(
+            [
+                {"id": "a", "deadline": d1, "payload": {"prompt": "ü"}},
+                {"request_kind": "redis", "data": {"id": "b", "deadline": d2}, "zz": [1]},
+            ]
+        )
+        t1 = await server_now(store)
+        assert len(tokens) == 2 and tokens[0] != tokens[1]
+        assert all(re.fullmatch(r"[0-9a-f]{32}", t) for t in tokens)
+
+        m1 = dumps(
+            {
+                "internal": {"request_token": tokens[0]},
+                "request_kind": "plain",
+                "data": {"id": "a", "deadline": d1, "payload": {"prompt": "ü"}},
+            }
+        )
+        m2 = dumps(
+            {
+                "internal": {"request_token": tokens[1]},
+                "request_kind": "redis",
+                "data": {"id": "b", "deadline": d2},
+                "zz": [1],
+            }
+        )
+        ((commands, transaction),) = rec.pipelines
+        assert transaction is True
+        ttls = [(d - t1) * 1000 for d in (d1, d2)]
+        assert commands == [
+            ["DEL", "request-cancel:a"],
+            ["SET", "request-active:a", tokens[0], "PXAT", d1 * 1000],
+            ["ZADD", Q, d1, m1.decode()],
+            ["DEL", "request-cancel:b"],
+            ["SET", "request-active:b", tokens[1], "PXAT", d2 * 1000],
+            ["ZADD", Q, d2, m2.decode()],
+        ]
+
+        assert sorted(await store.command("KEYS", "*")) == [
+            b"request-active:a",
+            b"request-active:b",
+            Q.encode(),
+        ]
+        assert zset(await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")) == [(m1, d1), (m2, d2)]
+        for rid, token, ttl in (("a", tokens[0], ttls[0]), ("b", tokens[1], ttls[1])):
+            assert await store.command("GET", f"request-active:{rid}") == token.encode()
+            pttl = await store.command("PTTL", f"request-active:{rid}")
+            assert ttl - 1000 < pttl <= ttl
+
+
+async def test_submit_a_whole_envelope_with_internal_fields(store: Store) -> None:
+    with trio.fail_after(10):
+        d = int(await server_now(store)) + 600
+        (token,) = await Producer(store, Q).submit_many(
+            [
+                {
+                    "internal": {"queue_id": "x"},
+                    "request_kind": "plain",
+                    "data": {"id": "e", "deadline": d},
+                }
+            ]
+        )
+        ((raw, _),) = zset(await store.command("ZRANGE", Q, 0, -1, "WITHSCORES"))
+        assert json.loads(raw)["internal"] == {"queue_id": "x", "request_token": token}
+        assert await store.command("GET", "request-active:e") == token.encode()
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"deadline": "FUTURE"}, "request ID is required"),
+        ({"id": "", "deadline": "FUTURE"}, "request ID is required"),
+        ({"id": 5, "deadline": "FUTURE"}, "request ID is required"),
+        ({"id": "a"}, "deadline is required"),
+        ({"id": "a", "deadline": 0}, "deadline is required"),
+        ({"id": "a", "deadline": -10}, "deadline is required"),
+        ({"id": "a", "deadline": "1900000000"}, "deadline is required"),
+        ({"id": "a", "deadline": True}, "deadline is required"),
+        ({"id": "a", "deadline": 1_900_000_000.0}, "deadline is required"),
+        ({"id": "a", "deadline": "PAST"}, "deadline has already expired"),
+        ({"id": "a", "deadline": "NOW"}, "deadline has already expired"),
+    ],
+)
+async def test_submit_errors_write_nothing(store: Store, bad: dict[str, Any], message: str) -> None:
+    with trio.fail_after(10):
+        rec = RecordingStore(store)
+        now = int(await server_now(store))
+        replace = {"FUTURE": now + 600, "PAST": now - 1, "NOW": now}
+        request = {k: replace.get(v, v) if isinstance(v, str) else v for k, v in bad.items()}
+        good = {"id": "ok", "deadline": now + 600}
+        for batch in ([request], [good, request]):  # all or none
+            with pytest.raises(SubmitError) as info:
+                await Producer(rec, Q).submit_many(batch)
+            assert str(info.value) == message
+        assert rec.pipelines == []
+        assert await store.command("KEYS", "*") == []
+
+
+async def test_submit_of_nothing_writes_nothing(store: Store) -> None:
+    with trio.fail_after(10):
+        rec = RecordingStore(store)
+        assert await Producer(rec, Q).submit_many([]) == []
+        assert rec.pipelines == []
+
+
+async def test_cancel_copies_the_live_token(store: Store) -> None:
+    with trio.fail_after(10):
+        producer = Producer(store, Q)
+        d = int(await server_now(store)) + 600
+        token = await producer.submit({"id": "c", "deadline": d})
+        assert await producer.cancel("c") is True
+        assert await store.command("GET", "request-cancel:c") == token.encode()
+        assert await store.command("TTL", "request-cancel:c") == CANCEL_TTL_SECONDS == 604800
+        assert await store.command("GET", "request-active:c") == token.encode()
+
+        # The consumer then finds it cancelled (SPEC §1: the marker equals its token).
+        (raw,) = await QueueOps(store, Q).peek(1)
+        env = parse_member(raw)
+        assert isinstance(env, Envelope)
+        _, codes = await QueueOps(store, Q).claim([(env, new_token())], 60)
+        assert codes == [ClaimCode.CANCELLED]
+
+        # A resubmission is a new generation: its submit clears the old cancel marker.
+        await producer.submit({"id": "c2", "deadline": d})
+        await store.command("SET", "request-cancel:c2", "stale")
+        token2 = await producer.submit({"id": "c2", "deadline": d})
+        assert await store.command("EXISTS", "request-cancel:c2") == 0
+        assert await store.command("GET", "request-active:c2") == token2.encode()
+
+
+async def test_cancel_of_an_unknown_request_is_a_no_op(store: Store) -> None:
+    with trio.fail_after(10):
+        assert await Producer(store, Q).cancel("nobody") is False
+        assert await store.command("KEYS", "*") == []
+
+
+async def test_results_read_oldest_first(store: Store) -> None:
+    with trio.fail_after(10):
+        producer = Producer(store, Q, result_list="out")
+        records = [TerminalRecord.http(f"r{i}", 200, str(i)) for i in range(3)]
+        for r in records:
+            await store.command("LPUSH", "out", r.to_json())
+        assert await producer.results(2, peek=True) == records[:2]
+        assert await store.command("LLEN", "out") == 3
+        assert await producer.results(10) == records
+        assert await producer.results(10) == []

@@ -1,0 +1,399 @@
+"""The Lua script registry (``claimkit/_scripts.py``) and its contract with the callers.
+
+- Scripts load from the installed package (``claimkit/lua``, what the wheel ships) and,
+  without an install, from the source tree's top-level ``lua/``.
+- ``-- @include`` lines are resolved; include errors are one clear :class:`ScriptError`.
+- Each script's ``numkeys`` (from its file name) equals the ``KEYS[i]`` its header documents,
+  the ``KEYS[i]`` its body uses, and the keys :class:`QueueOps` passes (checked by running
+  every operation against Redis through a recording store); the store refuses a wrong count.
+- ``sha1`` is what Redis calls the script; a ``SCRIPT FLUSH`` costs one EVAL, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import re
+import shutil
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from claimkit import _scripts
+from claimkit._models import Envelope, Invalid, TerminalRecord, parse_member
+from claimkit._protocol import AckItem, QueueOps, move_retries
+from claimkit._scripts import Script, ScriptError, all_scripts, script
+from claimkit._store import Arg, Store
+
+SOURCE_LUA = Path(__file__).resolve().parent.parent / "lua"
+"""The source tree's ``lua/`` (tests run from a checkout)."""
+
+PROTOCOL_SCRIPTS = {
+    # The scripts QueueOps calls (SPEC §3); other modules may add more.
+    "ack": 5,
+    "claim": 4,
+    "dead-letter": 2,
+    "move-retries": 2,
+    "park": 4,
+    "reclaim": 6,
+    "release": 4,
+    "renew": 2,
+}
+
+Q = "{tenant-a}:requests"
+RETRY = "retry-sortedset"
+
+
+@pytest.fixture
+def fresh_registry() -> Iterator[None]:
+    """Let a test point the loader somewhere else; the cached registry is rebuilt after."""
+    all_scripts.cache_clear()
+    yield
+    all_scripts.cache_clear()
+
+
+def copy_lua(to: Path, source: Path = SOURCE_LUA) -> Path:
+    to.mkdir(parents=True)
+    for path in source.glob("*.lua"):
+        shutil.copyfile(path, to / path.name)
+    return to
+
+
+def load_from(monkeypatch: pytest.MonkeyPatch, folder: Path) -> dict[str, Script]:
+    monkeypatch.setattr(_scripts, "_lua_dir", lambda: folder)
+    all_scripts.cache_clear()
+    return all_scripts()
+
+
+def header(source: str) -> str:
+    """The ``--[[ ... ]]`` comment block a script opens with."""
+    match = re.match(r"\s*--\[\[(.*?)\]\]", source, re.DOTALL)
+    assert match is not None, "a script opens with a --[[ ... ]] header"
+    return match.group(1)
+
+
+def header_keys(source: str) -> dict[int, str]:
+    """``{i: key pattern}`` of every ``KEYS[i]`` line of the header (its last word)."""
+    found: dict[int, str] = {}
+    for line in header(source).splitlines():
+        match = re.match(r"\s*KEYS\[(\d+)\]\s+(.*\S)\s*$", line)
+        if match:
+            index = int(match.group(1))
+            assert index not in found, f"KEYS[{index}] documented twice"
+            found[index] = match.group(2).split()[-1]
+    return found
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def test_every_script_is_loaded_with_its_key_count() -> None:
+    scripts = all_scripts()
+    assert {n: s.numkeys for n, s in scripts.items() if n in PROTOCOL_SCRIPTS} == PROTOCOL_SCRIPTS
+    on_disk = {p.name for p in _scripts._lua_dir().glob("*.lua") if not p.name.startswith("_")}
+    assert {f"{n}-{s.numkeys}.lua" for n, s in scripts.items()} == on_disk
+    for name, s in scripts.items():
+        assert s.name == name
+        assert script(name) is s
+    with pytest.raises(KeyError):
+        script("no-such-script")
+
+
+def test_the_loader_prefers_the_packaged_lua_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_registry: None
+) -> None:
+    # An installed wheel has claimkit/lua/ (pyproject force-include): it must win over ./lua.
+    package = tmp_path / "site-packages" / "claimkit"
+    packaged = copy_lua(package / "lua")
+    marker = "-- packaged copy\n"
+    renew = packaged / "renew-2.lua"
+    renew.write_text(renew.read_text(encoding="utf-8") + marker, encoding="utf-8")
+    monkeypatch.setattr(resources, "files", lambda _name: package)
+
+    assert _scripts._lua_dir() == packaged
+    scripts = all_scripts()
+    assert set(scripts) >= set(PROTOCOL_SCRIPTS)
+    assert scripts["renew"].source.endswith(marker)
+    assert "-- @include" not in scripts["claim"].source
+
+
+def test_the_loader_falls_back_to_the_source_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_registry: None
+) -> None:
+    package = tmp_path / "claimkit"  # a package directory without lua/
+    package.mkdir()
+    monkeypatch.setattr(resources, "files", lambda _name: package)
+    assert _scripts._lua_dir() == SOURCE_LUA
+    scripts = all_scripts()
+    assert set(scripts) >= set(PROTOCOL_SCRIPTS)
+    for name, s in scripts.items():
+        assert (SOURCE_LUA / f"{name}-{s.numkeys}.lua").is_file()
+
+
+def test_no_lua_anywhere_is_a_script_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_registry: None
+) -> None:
+    package = tmp_path / "pkg" / "claimkit"
+    package.mkdir(parents=True)
+    monkeypatch.setattr(resources, "files", lambda _name: package)
+    monkeypatch.setattr(_scripts, "__file__", str(package / "_scripts.py"))
+    with pytest.raises(ScriptError, match="Lua scripts are missing"):
+        all_scripts()
+
+
+def test_the_installed_distribution_ships_the_scripts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_registry: None
+) -> None:
+    try:
+        dist = importlib.metadata.distribution("claimkit")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("claimkit is not installed (plain source checkout)")
+    shipped = {
+        Path(str(f)).name: Path(str(dist.locate_file(f)))
+        for f in dist.files or []
+        if str(f).replace("\\", "/").startswith("claimkit/lua/") and str(f).endswith(".lua")
+    }
+    assert shipped, "the wheel ships claimkit/lua/*.lua (pyproject force-include)"
+    # What the wheel installed loads on its own: its includes travel with it. (An editable
+    # install keeps a snapshot taken at install time, so only the protocol scripts are
+    # required here; the active folder is compared with the checkout below.)
+    folder = tmp_path / "installed-lua"
+    folder.mkdir()
+    for name, path in shipped.items():
+        shutil.copyfile(path, folder / name)
+    scripts = load_from(monkeypatch, folder)
+    assert {n: s.numkeys for n, s in scripts.items() if n in PROTOCOL_SCRIPTS} == PROTOCOL_SCRIPTS
+    for s in scripts.values():
+        assert "@include" not in s.source
+    packaged = resources.files("claimkit") / "lua"
+    if packaged.is_dir():  # a real (non-editable) install: the loader must use its copy
+        assert _scripts._lua_dir() == Path(str(packaged))
+
+
+def test_the_active_lua_dir_matches_the_source_tree() -> None:
+    # Whichever folder the loader uses (the wheel's copy or ./lua) holds the same scripts as
+    # the checkout these tests belong to: a stale wheel would run old Lua.
+    active = _scripts._lua_dir()
+    for path in SOURCE_LUA.glob("*.lua"):
+        assert (active / path.name).read_bytes() == path.read_bytes(), path.name
+    assert {p.name for p in active.glob("*.lua")} == {p.name for p in SOURCE_LUA.glob("*.lua")}
+
+
+# -- includes --------------------------------------------------------------------------------
+
+
+def test_includes_are_resolved() -> None:
+    includes = {p.stem: p.read_text(encoding="utf-8") for p in _scripts._lua_dir().glob("_*.lua")}
+    assert set(includes) == {"_drop-claim", "_push-terminal", "_server-now"}
+    for s in all_scripts().values():
+        assert "@include" not in s.source, s.name
+        raw = (_scripts._lua_dir() / f"{s.name}-{s.numkeys}.lua").read_text(encoding="utf-8")
+        for name in re.findall(r"^-- @include (_[a-z-]+)\s*$", raw, re.MULTILINE):
+            assert includes[name].strip() in s.source, f"{s.name} lacks {name}"
+        # Every helper a script calls is defined in its resolved source.
+        for helper in ("server_now", "fmt_time", "push_terminal", "drop_claim"):
+            if re.search(rf"\b{helper}\(", s.source):
+                assert f"local function {helper}(" in s.source, f"{s.name}: {helper}"
+
+
+def test_nested_includes_resolve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_registry: None
+) -> None:
+    folder = tmp_path / "lua"
+    folder.mkdir()
+    (folder / "_inner.lua").write_text("local inner = 1\n", encoding="utf-8")
+    (folder / "_outer.lua").write_text(
+        "-- @include _inner\nlocal outer = inner\n", encoding="utf-8"
+    )
+    (folder / "thing-1.lua").write_text("-- @include _outer\nreturn outer\n", encoding="utf-8")
+    scripts = load_from(monkeypatch, folder)
+    assert list(scripts) == ["thing"]
+    thing = scripts["thing"]
+    assert (thing.name, thing.numkeys) == ("thing", 1)
+    lines = [line for line in thing.source.splitlines() if line.strip()]
+    assert lines == ["local inner = 1", "local outer = inner", "return outer"]
+    assert thing.sha1 == hashlib.sha1(thing.source.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"thing-1.lua": "-- @include _missing\n"}, r"_missing\.lua does not exist"),
+        (
+            {
+                "thing-1.lua": "-- @include _a\n",
+                "_a.lua": "-- @include _b\n",
+                "_b.lua": "-- @include _a\n",
+            },
+            "include cycle through _a",
+        ),
+        ({"Thing.lua": "return 1\n"}, "named <verb>-<numkeys>.lua"),
+        ({"thing.lua": "return 1\n"}, "named <verb>-<numkeys>.lua"),
+    ],
+)
+def test_broken_lua_folders_are_script_errors(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_registry: None,
+    files: dict[str, str],
+    message: str,
+) -> None:
+    folder = tmp_path / "lua"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    with pytest.raises(ScriptError, match=message):
+        load_from(monkeypatch, folder)
+
+
+# -- key counts: file name, header, body, caller -----------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(all_scripts()))
+def test_header_documents_exactly_numkeys_keys(name: str) -> None:
+    s = script(name)
+    documented = header_keys(s.source)
+    assert sorted(documented) == list(range(1, s.numkeys + 1))
+    body = re.sub(r"\A\s*--\[\[.*?\]\]", "", s.source, count=1, flags=re.DOTALL)
+    used = {int(i) for i in re.findall(r"KEYS\[(\d+)\]", body)}
+    assert used == set(range(1, s.numkeys + 1)), f"{name} body uses KEYS{sorted(used)}"
+    # The header also documents its ARGV and its output.
+    assert "ARGV[" in header(s.source) or "then " in header(s.source)
+    assert "Output:" in header(s.source)
+
+
+class RecordingStore:
+    """A store that records every script call and delegates to a real one."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.runs: list[tuple[str, list[str]]] = []
+
+    async def command(self, *args: Arg) -> Any:
+        return await self.inner.command(*args)
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
+        return await self.inner.pipeline(commands, transaction=transaction)
+
+    async def run(self, s: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        self.runs.append((s.name, list(keys)))
+        return await self.inner.run(s, keys, args)
+
+
+def member(rid: str, deadline: int) -> bytes:
+    return json.dumps(
+        {
+            "internal": {"request_token": "ab" * 16},
+            "request_kind": "plain",
+            "data": {"id": rid, "deadline": deadline},
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+async def server_now(store: Store) -> float:
+    sec, usec = await store.command("TIME")
+    return int(sec) + int(usec) / 1_000_000
+
+
+async def test_queue_ops_pass_the_documented_keys(store: Store) -> None:
+    with trio.fail_after(10):
+        rec = RecordingStore(store)
+        ops = QueueOps(rec, Q)
+        now = await server_now(store)
+        deadline = int(now) + 600
+        raw = member("a", deadline)
+        await store.command("ZADD", Q, deadline, raw)
+        env = parse_member(raw)
+        bad = parse_member(b"not json")
+        assert isinstance(env, Envelope)
+        assert isinstance(bad, Invalid)
+
+        await ops.dead_letter([bad])
+        _, codes = await ops.claim([(env, "t1")], 60)
+        assert codes == [1]
+        await ops.renew([("a", "t1", deadline)], 60)
+        await ops.park([("a", "t1", 1.0, raw)], RETRY)
+        await ops.release([("a", "t1", None)])
+        record = TerminalRecord.error("a", "CANCELLED", "cancelled").to_json()
+        await ops.ack([AckItem("a", "t1", "", "result-list", record, raw)])
+        await ops.reclaim(max_deliveries=10)
+        await move_retries(rec, RETRY)
+
+        called = {name for name, _ in rec.runs}
+        assert called == set(PROTOCOL_SCRIPTS), "every script is exercised"
+        for name, keys in rec.runs:
+            s = script(name)
+            assert len(keys) == s.numkeys, name
+            expected = [
+                pattern.replace("<q>", Q) for _, pattern in sorted(header_keys(s.source).items())
+            ]
+            assert keys == expected, name
+
+
+@pytest.mark.parametrize("name", sorted(all_scripts()))
+async def test_the_store_refuses_a_wrong_key_count(store: Store, name: str) -> None:
+    with trio.fail_after(10):
+        s = script(name)
+        await store.command("SET", "canary", "1")
+        for count in (0, s.numkeys - 1, s.numkeys + 1):
+            if count == s.numkeys:
+                continue
+            keys = [f"k{i}" for i in range(count)]
+            with pytest.raises(ValueError, match=f"{name} takes {s.numkeys} keys, got {count}"):
+                await store.run(s, keys, ["1"])
+        # Nothing reached Redis.
+        assert await store.command("KEYS", "*") == [b"canary"]
+
+
+# -- SHA1 and NOSCRIPT ---------------------------------------------------------------------------
+
+
+async def test_sha1_matches_script_load(store: Store) -> None:
+    with trio.fail_after(10):
+        for s in all_scripts().values():
+            assert s.sha1 == hashlib.sha1(s.source.encode("utf-8")).hexdigest()
+            assert await store.command("SCRIPT", "LOAD", s.source) == s.sha1.encode()
+        shas = [s.sha1 for s in all_scripts().values()]
+        assert await store.command("SCRIPT", "EXISTS", *shas) == [1] * len(shas)
+
+
+def _commandstats(info: bytes) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for line in info.decode().splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, fields = line.partition(":")
+            out[name.removeprefix("cmdstat_")] = {
+                k: int(float(v)) for k, v in (f.split("=") for f in fields.split(","))
+            }
+    return out
+
+
+async def test_noscript_falls_back_to_eval_once(store: Store) -> None:
+    with trio.fail_after(10):
+        ops = QueueOps(store, Q)
+        renew = script("renew")
+        await store.command("SCRIPT", "FLUSH")
+        await store.command("CONFIG", "RESETSTAT")
+        assert await store.command("SCRIPT", "EXISTS", renew.sha1) == [0]
+
+        _, codes = await ops.renew([("gone", "t", 1)], 5)
+        assert codes == [0]
+        stats = _commandstats(await store.command("INFO", "commandstats"))
+        assert stats["evalsha"]["calls"] == 1
+        assert stats["evalsha"]["failed_calls"] == 1  # NOSCRIPT
+        assert stats["eval"]["calls"] == 1
+        assert await store.command("SCRIPT", "EXISTS", renew.sha1) == [1]
+
+        _, codes = await ops.renew([("gone", "t", 1)], 5)
+        assert codes == [0]
+        stats = _commandstats(await store.command("INFO", "commandstats"))
+        assert stats["evalsha"] == stats["evalsha"] | {"calls": 2, "failed_calls": 1}
+        assert stats["eval"]["calls"] == 1  # loaded now: EVALSHA alone
+        assert await store.command("KEYS", "*") == []
