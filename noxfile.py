@@ -1,4 +1,4 @@
-"""The single entry point: ``nox -s tests`` (what CI runs), ``demo``, ``lint``, ``typecheck``, ``bench``."""
+"""The single entry point: `nox -s tests` (what CI runs), `demo`, `lint`, `typecheck`, `bench`."""
 
 from __future__ import annotations
 

@@ -47,25 +47,36 @@ def serve(
     ] = None,
     result_dedup_ttl: Annotated[
         int | None,
-        typer.Option(help="Dedup marker TTL, seconds; 0 = never expire (default 21600).", show_default=False),
+        typer.Option(
+            help="Dedup marker TTL, seconds; 0 = never expire (default 21600).", show_default=False
+        ),
     ] = None,
     concurrency: Annotated[
-        int | None, typer.Option(help="Requests in flight at once (default 64).", show_default=False)
+        int | None,
+        typer.Option(help="Requests in flight at once (default 64).", show_default=False),
     ] = None,
     request_timeout: Annotated[
         float | None,
-        typer.Option(help="Per-attempt HTTP timeout cap, seconds (default 300).", show_default=False),
+        typer.Option(
+            help="Per-attempt HTTP timeout cap, seconds (default 300).", show_default=False
+        ),
     ] = None,
     drain_timeout: Annotated[
         float | None,
-        typer.Option(help="Grace for in-flight requests on SIGTERM, seconds (default 10).", show_default=False),
+        typer.Option(
+            help="Grace for in-flight requests on SIGTERM, seconds (default 10).",
+            show_default=False,
+        ),
     ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(help="/metrics port; 0 turns it off (default 9090).", show_default=False)
+        int | None,
+        typer.Option(help="/metrics port; 0 turns it off (default 9090).", show_default=False),
     ] = None,
     health_port: Annotated[
         int | None,
-        typer.Option(help="/healthz and /readyz port; 0 turns it off (default 8081).", show_default=False),
+        typer.Option(
+            help="/healthz and /readyz port; 0 turns it off (default 8081).", show_default=False
+        ),
     ] = None,
     store_backend: Annotated[
         str, typer.Option("--store", help="Redis client: coredis, or redispy (optional extra).")
@@ -98,6 +109,8 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
+    # One line per HTTP request would drown the consumer's own lines.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     from ._serve import serve_forever
 
     summary = run(lambda: serve_forever(config, backend=store_backend), url=config.url)
@@ -108,11 +121,14 @@ def serve(
 def submit(
     request: Annotated[
         str | None,
-        typer.Argument(help="One JSON request; omit to read one JSON request per line from --file/stdin."),
+        typer.Argument(
+            help="One JSON request; omit to read one JSON request per line from --file/stdin."
+        ),
     ] = None,
     queue: QueueName = "request-sortedset",
     file: Annotated[
-        typer.FileText | None, typer.Option("--file", "-f", help="File of JSON lines ('-' = stdin).")
+        typer.FileText | None,
+        typer.Option("--file", "-f", help="File of JSON lines ('-' = stdin)."),
     ] = None,
     redis_url: RedisUrl = None,
     transport_config: TransportConfig = None,
@@ -126,9 +142,7 @@ def submit(
 
         claimkit submit -q requests '{"id":"r1","deadline":1893456000,"payload":{"prompt":"hi"}}'
     """
-    config = config_from(
-        transport_config, transport_config_file, redis_url, require_queues=False
-    )
+    config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if request is not None and file is not None:
         fail("give one JSON request or --file, not both")
     lines: list[str]
@@ -163,7 +177,7 @@ def sim(
         str, typer.Option(help="Seconds per answer: '0.05' or a uniform range '0.01,0.2'.")
     ] = "0",
     rate_429: Annotated[float, typer.Option("--rate-429", help="Share of 429 answers.")] = 0.0,
-    rate_5xx: Annotated[float, typer.Option("--rate-5xx", help="Share of 500/503 answers.")] = 0.0,
+    rate_5xx: Annotated[float, typer.Option("--rate-5xx", help="Share of 503 answers.")] = 0.0,
     rate_hang: Annotated[float, typer.Option(help="Share of requests never answered.")] = 0.0,
     retry_after: Annotated[
         str | None, typer.Option(help="Retry-After value sent with 429s.", show_default=False)
@@ -176,27 +190,25 @@ def sim(
 
         claimkit sim --port 8000 --latency 0.01,0.1 --rate-429 0.05
     """
-    from ._sim import SimConfig, run_sim_forever
+    from ._sim import SimConfig, parse_latency, run_sim_forever
 
     try:
-        parts = [float(x) for x in latency.split(",")]
-    except ValueError:
-        fail(f"--latency must be seconds or 'min,max', got {latency!r}")
-    if len(parts) not in (1, 2) or min(parts) < 0:
-        fail(f"--latency must be seconds or 'min,max', got {latency!r}")
-    low, high = (parts[0], parts[0]) if len(parts) == 1 else (parts[0], parts[1])
-    run_sim_forever(
-        SimConfig(
+        config = SimConfig(
             host=host,
             port=port,
-            latency=(low, high),
+            latency=parse_latency(latency),
             rate_429=rate_429,
             rate_5xx=rate_5xx,
             rate_hang=rate_hang,
             retry_after=retry_after,
             seed=seed,
         )
-    )
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        run_sim_forever(config)
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 
 
 @app.command()

@@ -22,7 +22,9 @@ T = TypeVar("T")
 
 TransportConfig = Annotated[
     str | None,
-    typer.Option("--transport-config", help="The transport JSON inline (SPEC §6).", show_default=False),
+    typer.Option(
+        "--transport-config", help="The transport JSON inline (SPEC §6).", show_default=False
+    ),
 ]
 TransportConfigFile = Annotated[
     str | None,

@@ -105,6 +105,23 @@ def _run_until_interrupt(fn: Callable[[], Awaitable[T]], *, url: str) -> T | Non
         return None
 
 
+def _run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
+    """:func:`run`, where Ctrl-C ends the command with one line and exit status 130.
+
+    Every change is made by atomic scripts in batches, so an interrupted command leaves
+    the batches it finished done and the rest untouched; running it again finishes.
+    """
+    try:
+        return run(fn, url=url)
+    except KeyboardInterrupt:
+        fail("interrupted; batches already done stay done, run it again to finish", 130)
+    except BaseExceptionGroup as group:
+        _, rest = group.split(KeyboardInterrupt)
+        if rest is not None:
+            raise
+        fail("interrupted; batches already done stay done, run it again to finish", 130)
+
+
 def _print_json(doc: Any) -> None:
     typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
 
@@ -226,7 +243,7 @@ def inspect_queue(
             )
             return snap, store.url
 
-    snap, url = run(once, url=config.url)
+    snap, url = _run(once, url=config.url)
     if json_out:
         _print_json(snap.to_json(url=url))
     else:
@@ -294,7 +311,7 @@ def drain(
                 )
             return report, None
 
-    report, snap = run(go, url=config.url)
+    report, snap = _run(go, url=config.url)
     if snap is not None and snap.claims:
         title = f"claims that would go back to pending ({len(snap.claims)} of {snap.claimed})"
         _console().print(claims_table(snap.claims, now=snap.server_time, title=title))
@@ -360,7 +377,7 @@ def reclaim(
                 out[q.queue_name] = await ops.reclaim(config.max_deliveries)
             return out
 
-    per_queue = run(go, url=config.url)
+    per_queue = _run(go, url=config.url)
     total = ReclaimCounts()
     for counts in per_queue.values():
         total += counts
@@ -425,7 +442,7 @@ def dead_list(
             secs, micros = await store.command("TIME")
             return total, letters, int(secs) + int(micros) / 1_000_000
 
-    total, letters, now = run(go, url=target.config.url)
+    total, letters, now = _run(go, url=target.config.url)
     if json_out:
         _print_json({"queue": queue, "total": total, "dead": [d.to_json() for d in letters]})
         return
@@ -481,7 +498,7 @@ def dead_requeue(
                 store, queue, None if all_ else list(ids or ()), keep_marker=keep_marker
             )
 
-    report = run(go, url=target.config.url)
+    report = _run(go, url=target.config.url)
     stuck = [d.id or "?" for d in report.stuck]
     if json_out:
         _print_json(
@@ -544,7 +561,7 @@ def dead_purge(
                 store, queue, ids=list(ids) if ids else None, older_than=older_than
             )
 
-    removed = run(go, url=target.config.url)
+    removed = _run(go, url=target.config.url)
     typer.echo(f"claimkit dead purge {queue}: purged={removed}")
 
 
@@ -650,7 +667,7 @@ def results(
     if follow:
         _run_until_interrupt(follow_list, url=config.url)
         return
-    if run(read, url=config.url) == 0:
+    if _run(read, url=config.url) == 0:
         typer.echo(f"claimkit results: {name} is empty", err=True)
 
 
@@ -678,7 +695,7 @@ def cancel(
             producer = Producer(store, "")
             return [await producer.cancel(rid) for rid in ids]
 
-    for rid, found in zip(ids, run(go, url=config.url), strict=True):
+    for rid, found in zip(ids, _run(go, url=config.url), strict=True):
         if found:
             typer.echo(f"{rid}: cancelled")
         else:

@@ -203,7 +203,9 @@ def load_config(
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+            raise ConfigError(
+                f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{source} must hold a JSON object")
     merged: dict[str, Any] = {k: v for k, v in (flags or {}).items() if v is not None}
@@ -212,7 +214,9 @@ def load_config(
     env = os.environ if environ is None else environ
     url = merged.get("url") or env.get("REDIS_URL")
     if not url:
-        raise ConfigError("url is required: set it in the transport config, pass --redis-url or set REDIS_URL")
+        raise ConfigError(
+            "url is required: set it in the transport config, pass --redis-url or set REDIS_URL"
+        )
     if not isinstance(url, str):
         raise ConfigError("url must be a string")
     try:

@@ -227,7 +227,9 @@ class Consumer:
         """The Redis server clock, estimated from the last script reply (Unix seconds)."""
         return time.time() + self._offset
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> Summary:
+    async def run(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> Summary:
         """Consume until :meth:`request_stop` (or cancellation), then shut down (SPEC §5).
 
         Returns:
@@ -259,7 +261,7 @@ class Consumer:
             if self._http is not None and self._own_http:
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await self._http.aclose()
-        log.info("%s", self.summary.line())
+        log.debug("%s", self.summary.line())
         return self.summary
 
     # -- shutdown ----------------------------------------------------------------------------
@@ -267,10 +269,14 @@ class Consumer:
     async def _shutdown(self) -> None:
         self._phase = _Phase.DRAINING
         self._poll_scope.cancel()
-        log.info("claimkit: stopping: %d claims held, draining up to %.1fs",
-                 self.held_count(), self.config.drain_timeout_seconds)
+        log.info(
+            "claimkit: stopping: %d claims held, draining up to %.1fs",
+            self.held_count(),
+            self.config.drain_timeout_seconds,
+        )
         with trio.move_on_after(self.config.drain_timeout_seconds):
             async with trio.open_nursery() as wait:
+
                 async def hurry() -> None:
                     await self._hurry.wait()
                     wait.cancel_scope.cancel()
@@ -299,7 +305,9 @@ class Consumer:
                     with attempt:
                         codes = await q.ops.release(claims)
             except (StoreUnavailable, StoreError) as exc:
-                log.error("sweep %s: %s; %d claims will lapse and be reclaimed", q.name, exc, len(claims))
+                log.error(
+                    "sweep %s: %s; %d claims will lapse and be reclaimed", q.name, exc, len(claims)
+                )
                 continue
             for (rid, _h), code in zip(items, codes, strict=True):
                 q.held.pop(rid, None)
@@ -310,7 +318,9 @@ class Consumer:
 
     # -- polling and claiming ------------------------------------------------------------------
 
-    async def _work_host(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _work_host(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         try:
             with self._work_scope:
                 async with trio.open_nursery() as workers:
@@ -373,7 +383,9 @@ class Consumer:
             self.summary.dead_lettered += moved
             q.metrics.dead_lettered.inc(moved)
             for bad in invalid:
-                log.warning("dead-lettered a malformed member of %s (id %s): %s", q.name, bad.id, bad.reason)
+                log.warning(
+                    "dead-lettered a malformed member of %s (id %s): %s", q.name, bad.id, bad.reason
+                )
         now = self.now()
         expired = [e for e in valid if e.deadline <= now]
         live = [e for e in valid if e.deadline > now]
@@ -433,7 +445,9 @@ class Consumer:
                     outcome = Done(TerminalRecord.error(env.id, ErrorCode.CANCELLED, "cancelled"))
                 elif env.deadline <= now:
                     outcome = Done(
-                        TerminalRecord.error(env.id, ErrorCode.DEADLINE_EXCEEDED, "deadline exceeded")
+                        TerminalRecord.error(
+                            env.id, ErrorCode.DEADLINE_EXCEEDED, "deadline exceeded"
+                        )
                     )
                 else:
                     q.inflight += 1
@@ -575,7 +589,9 @@ class Consumer:
                     await self._renew(q)
                 except (StoreUnavailable, StoreError) as exc:
                     self._redis_ok = False
-                    log.warning("heartbeat %s: %s; claims will be renewed once it answers", q.name, exc)
+                    log.warning(
+                        "heartbeat %s: %s; claims will be renewed once it answers", q.name, exc
+                    )
 
     async def _renew(self, q: QueueRuntime) -> None:
         held = list(q.held.values())
@@ -595,8 +611,12 @@ class Consumer:
             self.summary.lost_claims += 1
             if h.scope is not None:
                 h.scope.cancel()
-            log.warning("claim on %s in %s was %s; its work is cancelled",
-                        h.env.id, q.name, "taken" if code == -1 else "gone")
+            log.warning(
+                "claim on %s in %s was %s; its work is cancelled",
+                h.env.id,
+                q.name,
+                "taken" if code == -1 else "gone",
+            )
         q.metrics.claim_depth.set(len(q.held))
 
     async def _reclaimer(self) -> None:
@@ -609,8 +629,13 @@ class Consumer:
                     log.warning("reclaim %s: %s; retrying next interval", q.name, exc)
                     continue
                 if counts.redelivered or counts.dead:
-                    log.info("reclaim %s: redelivered=%d dead=%d ghosts=%d",
-                             q.name, counts.redelivered, counts.dead, counts.ghosts)
+                    log.info(
+                        "reclaim %s: redelivered=%d dead=%d ghosts=%d",
+                        q.name,
+                        counts.redelivered,
+                        counts.dead,
+                        counts.ghosts,
+                    )
                 self.summary.redelivered += counts.redelivered
                 self.summary.dead_lettered += counts.dead
                 q.metrics.claims_expired.inc(counts.redelivered)
@@ -623,8 +648,11 @@ class Consumer:
             try:
                 _moved, dead = await move_retries(self.store, self.config.retry_queue_name)
                 if dead:
-                    log.warning("retry mover: %d unroutable members moved to %s:dead",
-                                dead, self.config.retry_queue_name)
+                    log.warning(
+                        "retry mover: %d unroutable members moved to %s:dead",
+                        dead,
+                        self.config.retry_queue_name,
+                    )
             except (StoreUnavailable, StoreError) as exc:
                 log.warning("retry mover: %s; retrying", exc)
             await trio.sleep(interval)

@@ -79,7 +79,9 @@ def make_gate(queue: QueueConfig, store: Store, rng: random.Random | None = None
     if queue.gate_type == "redis":
         key = params.get("key", DEFAULT_BUDGET_KEY)
         if not isinstance(key, str) or not key:
-            raise ValueError(f"queue {queue.queue_name}: gate_params.key must be a non-empty string")
+            raise ValueError(
+                f"queue {queue.queue_name}: gate_params.key must be a non-empty string"
+            )
         return RedisBudgetGate(store, key, rng or random.Random())
     if queue.gate_type == "local-max-concurrency":
         limit = params.get("limit")

@@ -35,7 +35,9 @@ def _health_app(ready: Callable[[], tuple[bool, str]]) -> _App:
             return [b"ok\n"]
         if path == "/readyz":
             ok, why = ready()
-            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
+            )
             return [(why + "\n").encode()]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found\n"]

@@ -225,7 +225,10 @@ class QueueOps:
             reply = await self.store.run(
                 script("ack"), [k.pending, k.claimed, k.owners, k.index, k.deliveries], args
             )
-            out += [(bool(_int(p)), bool(_int(o))) for p, o in zip(reply[0::2], reply[1::2], strict=True)]
+            out += [
+                (bool(_int(p)), bool(_int(o)))
+                for p, o in zip(reply[0::2], reply[1::2], strict=True)
+            ]
         return out
 
     # -- §3.5 park ---------------------------------------------------------------------------
@@ -299,9 +302,7 @@ class QueueOps:
         return total
 
 
-async def move_retries(
-    store: Store, retry_set: str, *, limit: int = CHUNK
-) -> tuple[int, int]:
+async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
     """The retry mover (SPEC §3.5): move every due retry member back to its queue at score =
     deadline, ``limit`` per script call, until none is due. Returns ``(moved, dead)``:
     members that could not be routed go to ``<retry_set>:dead``."""

@@ -45,7 +45,9 @@ async def serve_forever(config: Config, *, backend: str = "coredis") -> Summary:
             )
             bound = servers.__enter__()
         except OSError as exc:
-            raise ConfigError(f"cannot serve HTTP on the metrics/health port: {exc.strerror or exc}") from exc
+            raise ConfigError(
+                f"cannot serve HTTP on the metrics/health port: {exc.strerror or exc}"
+            ) from exc
         try:
             log.info(
                 "claimkit: serving %s on %s (metrics %s, health %s)",

@@ -122,7 +122,9 @@ async def open_store(
             async with open_coredis_store(url, timeout=timeout) as store:
                 yield store
         except BaseExceptionGroup as group:
-            if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
+            if len(group.exceptions) == 1 and not isinstance(
+                group.exceptions[0], BaseExceptionGroup
+            ):
                 raise group.exceptions[0] from None
             raise
     elif backend == "redispy":

@@ -72,7 +72,10 @@ async def test_requests_end_with_one_record_each(store: Store, redis_url: str) -
             producer = Producer(store, Q)
             ids = [f"req-{i:03d}" for i in range(60)]
             await producer.submit_many(
-                [{"id": rid, "deadline": deadline(), "payload": {"id": rid, "prompt": "hi"}} for rid in ids]
+                [
+                    {"id": rid, "deadline": deadline(), "payload": {"id": rid, "prompt": "hi"}}
+                    for rid in ids
+                ]
             )
             async with trio.open_nursery() as nursery:
                 await nursery.start(consumer.run)
@@ -96,7 +99,9 @@ async def test_requests_end_with_one_record_each(store: Store, redis_url: str) -
             assert await store.command("GET", f"result-terminal:{rid}") is not None
 
 
-async def _blocking_handler(release: trio.Event) -> Callable[[QueueRuntime, Envelope, float], Awaitable[Outcome]]:
+async def _blocking_handler(
+    release: trio.Event,
+) -> Callable[[QueueRuntime, Envelope, float], Awaitable[Outcome]]:
     async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
         await release.wait()
         return Done(TerminalRecord.http(env.id, 200, "{}"))
@@ -232,7 +237,10 @@ async def test_malformed_members_are_dead_lettered_and_the_rest_served(
         assert set(by_id) == {"good", "no-kind", "strdl"}
         assert by_id["good"]["status_code"] == 200
         assert by_id["strdl"]["error_code"] == "INVALID_REQUEST"
-        assert by_id["strdl"]["error_message"] == "Failed: deadline is missing or invalid (Unix seconds)."
+        assert (
+            by_id["strdl"]["error_message"]
+            == "Failed: deadline is missing or invalid (Unix seconds)."
+        )
         assert by_id["no-kind"]["error_code"] == "INVALID_REQUEST"
         assert consumer.summary.dead_lettered == 4
 
@@ -264,7 +272,9 @@ async def test_retry_parks_then_serves_with_retry_count(store: Store, redis_url:
         assert await claim_state(store) == EMPTY
 
 
-async def test_cancelled_and_expired_requests_get_their_records(store: Store, redis_url: str) -> None:
+async def test_cancelled_and_expired_requests_get_their_records(
+    store: Store, redis_url: str
+) -> None:
     calls: list[str] = []
 
     async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
@@ -304,7 +314,9 @@ async def test_cancelled_and_expired_requests_get_their_records(store: Store, re
         assert await claim_state(store) == EMPTY
 
 
-async def test_gate_refusal_leaves_member_pending_byte_for_byte(store: Store, redis_url: str) -> None:
+async def test_gate_refusal_leaves_member_pending_byte_for_byte(
+    store: Store, redis_url: str
+) -> None:
     calls: list[str] = []
 
     async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:

@@ -1,0 +1,268 @@
+"""`claimkit serve` as a real process: SIGKILL, SIGTERM, metrics, health (SPEC §3.8, §5, §7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from claimkit._producer import Producer
+from claimkit._store import Store, open_store
+
+pytestmark = pytest.mark.slow
+
+CLAIMKIT = str(Path(sys.executable).with_name("claimkit"))
+Q = "requests"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+@pytest.fixture
+def sim_url(tmp_path: Path) -> Iterator[str]:
+    """The gateway simulator as a subprocess, answering in 0.3-0.6 s."""
+    port = free_port()
+    with (tmp_path / "sim.log").open("w") as log:
+        proc = subprocess.Popen(
+            [CLAIMKIT, "sim", "--port", str(port), "--latency", "0.3,0.6", "--seed", "7"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def serve(
+    redis_url: str, gateway: str, log: Path, *extra: str, **overrides: Any
+) -> subprocess.Popen[bytes]:
+    config = {
+        "poll_interval_ms": 50,
+        "claim_lease_ttl_seconds": 2,
+        "claim_reclaim_interval_ms": 200,
+        "queues": [{"queue_name": Q, "igw_base_url": gateway}],
+        **overrides,
+    }
+    env = {**os.environ, "REDIS_URL": redis_url}
+    # stdout (the summary line) goes to <log>.out, stderr to <log>; the child keeps its own
+    # descriptors, so the parent closes its copies at once.
+    with log.open("w") as err, log.with_suffix(".out").open("w") as out:
+        return subprocess.Popen(
+            [
+                CLAIMKIT,
+                "serve",
+                "--transport-config",
+                json.dumps(config),
+                "--metrics-port",
+                "0",
+                "--health-port",
+                "0",
+                "--concurrency",
+                "16",
+                *extra,
+            ],
+            stdout=out,
+            stderr=err,
+            env=env,
+        )
+
+
+def summary_of(log: Path) -> dict[str, int]:
+    """The counts of the summary line serve printed on stdout."""
+    line = log.with_suffix(".out").read_text().strip().splitlines()[-1]
+    assert line.startswith("claimkit: claimed=")
+    return {k: int(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+
+
+async def wait_for(store: Store, command: tuple[Any, ...], predicate: Any) -> Any:
+    while True:
+        value = await store.command(*command)
+        if predicate(value):
+            return value
+        await trio.sleep(0.05)
+
+
+def deadline() -> int:
+    return int(time.time()) + 600
+
+
+async def test_sigkilled_consumer_work_is_redelivered_once(
+    redis_url: str, sim_url: str, tmp_path: Path
+) -> None:
+    n = 80
+    ids = [f"hk-{i:03d}" for i in range(n)]
+    a = b = None
+    try:
+        with trio.fail_after(60):
+            async with open_store(redis_url) as store:
+                await Producer(store, Q).submit_many(
+                    [{"id": rid, "deadline": deadline(), "payload": {"id": rid}} for rid in ids]
+                )
+                a = serve(redis_url, sim_url, tmp_path / "a.log")
+                held = await wait_for(store, ("HLEN", f"{Q}:claim-owners"), lambda v: v >= 10)
+                a.send_signal(signal.SIGKILL)
+                a.wait(10)
+                held_at_kill = await store.command("HLEN", f"{Q}:claim-owners")
+                assert held_at_kill >= 1, held
+                b = serve(redis_url, sim_url, tmp_path / "b.log")
+                await wait_for(store, ("LLEN", "result-list"), lambda v: v >= n)
+                b.send_signal(signal.SIGTERM)
+                assert await trio.to_thread.run_sync(b.wait, 30) == 0
+                records = [
+                    json.loads(r) for r in await store.command("LRANGE", "result-list", 0, -1)
+                ]
+                assert sorted(r["id"] for r in records) == ids  # each exactly once
+                assert {r["status_code"] for r in records} == {200}
+                for key in (Q, f"{Q}:claims-idx"):
+                    assert await store.command("ZCARD", key) == 0
+                for key in (f"{Q}:claimed", f"{Q}:claim-owners", f"{Q}:deliveries"):
+                    assert await store.command("HLEN", key) == 0
+                assert summary_of(tmp_path / "b.log")["redelivered"] == held_at_kill
+    finally:
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+async def test_sigterm_returns_in_flight_claims_at_original_scores(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # A gateway that accepts connections and never answers: requests stay in flight.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(100)
+        gateway = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        proc = None
+        try:
+            with trio.fail_after(40):
+                async with open_store(redis_url) as store:
+                    await Producer(store, Q).submit_many(
+                        [{"id": f"t{i}", "deadline": deadline() + i} for i in range(6)]
+                    )
+                    before = await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")
+                    proc = serve(redis_url, gateway, tmp_path / "s.log", "--drain-timeout", "0.5")
+                    await wait_for(store, ("HLEN", f"{Q}:claim-owners"), lambda v: v == 6)
+                    proc.send_signal(signal.SIGTERM)
+                    assert await trio.to_thread.run_sync(proc.wait, 30) == 0
+                    assert await store.command("ZRANGE", Q, 0, -1, "WITHSCORES") == before
+                    assert await store.command("HLEN", f"{Q}:claimed") == 0
+                    assert await store.command("ZCARD", f"{Q}:claims-idx") == 0
+                    assert await store.command("LLEN", "result-list") == 0
+                    counts = summary_of(tmp_path / "s.log")
+                    assert (counts["claimed"], counts["released"], counts["acked"]) == (6, 6, 0)
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+async def test_metrics_and_health_endpoints(redis_url: str, sim_url: str, tmp_path: Path) -> None:
+    mport, hport = free_port(), free_port()
+    config = {
+        "poll_interval_ms": 50,
+        "metrics_port": mport,
+        "health_port": hport,
+        "queues": [{"queue_name": Q, "igw_base_url": sim_url, "labels": {"pool_name": "p1"}}],
+    }
+    with (tmp_path / "m.log").open("w") as err:
+        proc = subprocess.Popen(
+            [CLAIMKIT, "serve", "--transport-config", json.dumps(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, "REDIS_URL": redis_url},
+        )
+    try:
+        with trio.fail_after(40):
+            async with open_store(redis_url) as store:
+                await Producer(store, Q).submit_many(
+                    [{"id": f"m{i}", "deadline": deadline()} for i in range(3)]
+                )
+                await wait_for(store, ("LLEN", "result-list"), lambda v: v == 3)
+            await trio.to_thread.run_sync(wait_port, hport)
+            async with httpx.AsyncClient() as http:
+                assert (await http.get(f"http://127.0.0.1:{hport}/healthz")).status_code == 200
+                ready = await http.get(f"http://127.0.0.1:{hport}/readyz")
+                assert (ready.status_code, ready.text) == (200, "ok\n")
+                text = (await http.get(f"http://127.0.0.1:{mport}/metrics")).text
+            labels = 'pool_name="p1",queue_id="requests",queue_name="requests"'
+            assert f"llm_d_async_async_request_total{{{labels}}} 3.0" in text
+            assert f"llm_d_async_async_successful_requests_total{{{labels}}} 3.0" in text
+            assert f"llm_d_async_async_claim_depth{{{labels}}} 0.0" in text
+            for name in (
+                "async_claims_expired_total",
+                "async_duplicate_results_suppressed_total",
+                "async_request_retries_total",
+                "async_failed_requests_total",
+                "async_exceeded_deadline_requests_total",
+                "async_shedded_requests_total",
+                "async_inference_latency_time_millis_bucket",
+                "async_inflight_requests",
+                "async_broker_backlog",
+                "async_dead_lettered_total",
+            ):
+                assert f"llm_d_async_{name}{{" in text, name
+            proc.send_signal(signal.SIGTERM)
+            assert await trio.to_thread.run_sync(proc.wait, 30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_bad_config_is_one_line(redis_url: str) -> None:
+    proc = subprocess.run(
+        [CLAIMKIT, "serve", "--transport-config", '{"claim_lease_ttl_seconds": -1, "queues": []}'],
+        capture_output=True,
+        env={**os.environ, "REDIS_URL": redis_url},
+        timeout=30,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == "claimkit: claim_lease_ttl_seconds must be non-negative\n"
+
+
+def test_unreachable_redis_at_start_is_retried_not_fatal(tmp_path: Path) -> None:
+    """Redis down at start: serve keeps retrying (SPEC §5) and still stops cleanly."""
+    port = free_port()
+    proc = serve(f"redis://127.0.0.1:{port}/0", "http://127.0.0.1:9", tmp_path / "u.log")
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None  # still alive, retrying
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert summary_of(tmp_path / "u.log")["claimed"] == 0
+        assert (
+            f"Unable to establish a connection to 127.0.0.1:{port}"
+            in (tmp_path / "u.log").read_text()
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
