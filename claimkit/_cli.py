@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
+import os
 import sys
 from typing import Annotated, Any
 
@@ -236,9 +236,16 @@ _register_operator_commands()
 
 def main() -> None:
     """Entry point of the ``claimkit`` script."""
-    # A broken pipe (claimkit results | head) is not an error worth a traceback.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    app()
+    # SIGPIPE stays ignored (Python's default): restoring SIG_DFL would let any peer that
+    # closes a socket mid-write kill `serve` or `sim` outright. A closed stdout
+    # (`claimkit results | head`) is handled here instead.
+    try:
+        app()
+    except BrokenPipeError:
+        # Point stdout at devnull so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
 
 
 __all__ = ["app", "main"]

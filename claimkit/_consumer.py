@@ -39,9 +39,8 @@ from ._protocol import AckItem, ClaimCode, QueueOps, move_retries, new_token
 from ._store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
-    import httpx
-
     from ._config import Config, QueueConfig
+    from ._http import HttpClient
     from ._store import Store
 
 __all__ = ["Consumer", "Handler", "QueueRuntime", "Summary"]
@@ -166,7 +165,7 @@ class Consumer:
         store: Store,
         *,
         handler: Handler | None = None,
-        http_client: httpx.AsyncClient | None = None,
+        http_client: HttpClient | None = None,
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -407,6 +406,11 @@ class Consumer:
             if code not in (ClaimCode.CLAIMED, ClaimCode.CANCELLED):
                 continue
             held = _Held(env, token, cancelled=code == ClaimCode.CANCELLED)
+            stale = q.held.get(env.id)
+            if stale is not None:
+                # Our earlier claim on this id was handed back (drain) and we won it again:
+                # the earlier task's result would be a duplicate, like a stolen claim's.
+                self._drop_lost(q, stale, "released")
             q.held[env.id] = held
             claimed += 1
             slot = slots.pop()
@@ -467,6 +471,14 @@ class Consumer:
                 job.retry_delay = outcome.delay
             else:
                 job.record = outcome.record
+                if outcome.record.error_code is not None:
+                    log.info(
+                        "%s in %s ends %s: %s",
+                        env.id,
+                        q.name,
+                        outcome.record.error_code,
+                        outcome.record.error_message,
+                    )
             await self._settle(job)
         finally:
             self._slots.release_on_behalf_of(slot)
@@ -606,18 +618,18 @@ class Consumer:
             if code == 1 or q.held.get(h.env.id) is not h:
                 continue
             # Taken by another owner (-1) or gone (0): the work would produce a duplicate.
-            h.lost = True
-            del q.held[h.env.id]
-            self.summary.lost_claims += 1
-            if h.scope is not None:
-                h.scope.cancel()
-            log.warning(
-                "claim on %s in %s was %s; its work is cancelled",
-                h.env.id,
-                q.name,
-                "taken" if code == -1 else "gone",
-            )
+            self._drop_lost(q, h, "taken" if code == -1 else "gone")
         q.metrics.claim_depth.set(len(q.held))
+
+    def _drop_lost(self, q: QueueRuntime, h: _Held, how: str) -> None:
+        """Forget a claim that is no longer ours and cancel its work (SPEC §3.3)."""
+        h.lost = True
+        if q.held.get(h.env.id) is h:
+            del q.held[h.env.id]
+        self.summary.lost_claims += 1
+        if h.scope is not None:
+            h.scope.cancel()
+        log.warning("claim on %s in %s was %s; its work is cancelled", h.env.id, q.name, how)
 
     async def _reclaimer(self) -> None:
         interval = self.config.claim_reclaim_interval_ms / 1000

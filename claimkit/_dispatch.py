@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, TypeAlias
 
-import httpx
 import msgspec
 import trio
 
+from . import _http
 from ._models import ErrorCode, TerminalRecord
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ DEADLINE_MARGIN = 0.5
 """Seconds a parked retry must leave before the deadline; a longer backoff ends the request."""
 
 _MAX_BACKOFF = 60.0
+_BACKSTOP_SECONDS = 1.0
 _INFERENCE_ERROR_PREFIX = "Failed to send request to inference: "
 _DEADLINE_MESSAGE = "deadline exceeded"
 _RETRY_AFTER_SECONDS = re.compile(r"\d+(?:\.\d+)?")
@@ -242,17 +243,9 @@ def _os_reason(exc: BaseException) -> str | None:
     return found
 
 
-def _describe(exc: Exception, timeout: float) -> str:
-    """A short, never empty, human reason for a failed send (the ``<err>`` of SPEC §2.3)."""
-    limit = _format_seconds(timeout)
-    if isinstance(exc, httpx.ConnectTimeout):
-        return f"timed out connecting after {limit}"
-    if isinstance(exc, httpx.WriteTimeout):
-        return f"timed out sending the request after {limit}"
-    if isinstance(exc, httpx.PoolTimeout):
-        return f"no free connection within {limit}"
-    if isinstance(exc, httpx.TimeoutException):
-        return f"no response within {limit}"
+def _describe(exc: Exception) -> str:
+    """A short, never empty, human reason for a failed send (the ``<err>`` of SPEC §2.3).
+    Timeouts already say which phase ran out and after how long (see :mod:`._http`)."""
     text = str(exc).strip()
     errno_text = _os_reason(exc)
     if errno_text and errno_text not in text:
@@ -271,7 +264,7 @@ def _inference_error(env: Envelope, reason: str) -> Done:
 
 
 async def dispatch(
-    client: httpx.AsyncClient,
+    client: _http.HttpClient,
     env: Envelope,
     target: Target,
     *,
@@ -295,7 +288,7 @@ async def dispatch(
         final response; ``DEADLINE_EXCEEDED`` if no time was left to send (nothing is
         sent then); ``INFERENCE_ERROR`` with message ``Failed to send request to
         inference: <reason>`` when no response was had (connect failure, timeout, transport
-        error, or a request httpx refuses to build). Or :class:`Retry` for 429, 5xx and
+        error, or a request the client refuses to build). Or :class:`Retry` for 429, 5xx and
         unreadable bodies — unless its backoff would leave less than
         :data:`DEADLINE_MARGIN` seconds before the deadline: past the deadline the last
         HTTP response becomes the record (``Done(last)``), or ``DEADLINE_EXCEEDED`` when the
@@ -316,40 +309,31 @@ async def dispatch(
 
     started = trio.current_time()
     url = build_url(target.base_url, env.endpoint or target.request_path)
-    try:
-        request = client.build_request(
-            "POST",
-            url,
-            content=msgspec.json.encode(env.payload),
-            # As bytes, UTF-8: a non-ASCII header value is sent as is (as Go's net/http
-            # does) rather than failing in httpx's ASCII encoder.
-            headers=[(k.encode(), v.encode()) for k, v in build_headers(env, target).items()],
-            timeout=httpx.Timeout(timeout),
-        )
-    except (httpx.InvalidURL, ValueError) as exc:
-        return _inference_error(env, f"invalid request: {exc}")
+    # As bytes, UTF-8: a non-ASCII header value is sent as is (as Go's net/http does).
+    headers = [(k.encode(), v.encode()) for k, v in build_headers(env, target).items()]
+    body_out = msgspec.json.encode(env.payload)
 
     status: int | None = None
     body: str | None = None
     retry_after: str | None = None
     failure = ""
-    # httpx's timeouts bound each phase; this scope bounds the whole attempt, including a
-    # body that trickles in forever.
-    with trio.move_on_after(timeout):
+    # The client bounds every phase, a body trickling in forever included, by one deadline
+    # and says which phase ran out; this scope is only a backstop a little later.
+    with trio.move_on_after(timeout + _BACKSTOP_SECONDS):
         try:
-            response = await client.send(request, stream=True)
-        except httpx.TransportError as exc:
-            failure = _describe(exc, timeout)
+            response = await client.post(url, body_out, headers, timeout=timeout)
+        except _http.InvalidURL as exc:
+            return _inference_error(env, str(exc))
+        except _http.BodyError as exc:
+            status = exc.status
+            retry_after = _http._header(exc.headers, "retry-after")
+            failure = _describe(exc)
+        except _http.HttpError as exc:
+            failure = _describe(exc)
         else:
-            status = response.status_code
-            retry_after = response.headers.get("Retry-After")
-            try:
-                await response.aread()
-                body = response.text
-            except (httpx.HTTPError, httpx.StreamError) as exc:
-                failure = _describe(exc, timeout)
-            finally:
-                await response.aclose()
+            status = response.status
+            retry_after = response.header("retry-after")
+            body = response.text
 
     if status is None:
         return _inference_error(env, failure or f"no response within {_format_seconds(timeout)}")
@@ -378,26 +362,19 @@ async def dispatch(
     return Retry(delay, last)
 
 
-def open_http_client(concurrency: int) -> httpx.AsyncClient:
+def open_http_client(concurrency: int) -> _http.HttpClient:
     """A gateway client for up to ``concurrency`` requests in flight at once.
 
-    Redirects are not followed (SPEC §4). The pool keeps up to ``concurrency`` connections,
-    all reusable (keep-alive 30 s), so a full worker pool never waits for a connection.
-    The default timeout (300 s) is only a backstop: :func:`dispatch` sets one per attempt.
+    It is claimkit's own HTTP/1.1 client (:class:`claimkit._http.HttpClient`, h11 over
+    trio streams): redirects are never followed (SPEC §4), up to ``concurrency``
+    connections are open at once and idle ones are kept for reuse for 30 s, so a full worker
+    pool never waits for a connection. :func:`dispatch` sets the timeout of every attempt.
     Use it as ``async with open_http_client(n) as client:`` so its connections are closed.
+    See ``docs/performance.md`` for why not httpx (about 10x the CPU per request).
 
     Raises:
         ValueError: ``concurrency`` is below 1.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
-    return httpx.AsyncClient(
-        follow_redirects=False,
-        limits=httpx.Limits(
-            max_connections=concurrency,
-            max_keepalive_connections=concurrency,
-            keepalive_expiry=30.0,
-        ),
-        timeout=httpx.Timeout(300.0),
-        headers={"User-Agent": "claimkit"},
-    )
+    return _http.HttpClient(max_connections=concurrency, keepalive_expiry=30.0)

@@ -73,7 +73,8 @@ class Store(Protocol):
         ...
 
 
-_PASSWORD = re.compile(r"(//[^:/@]*:)([^@]*)(@)")
+# scheme://user:password@ -- the password runs to the last '@' of the URL (it may hold '@').
+_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(\S*)(@)")
 
 
 def redact_url(url: str) -> str:

@@ -368,11 +368,6 @@ def test_a_bad_or_missing_url_is_one_line(command: list[str]) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claimkit._store.redact_url's pattern runs from the first '//' of the message to "
-    "the '@', so fail() mangles this line (no password leaks); see the report",
-)
 def test_a_bad_url_line_is_not_mangled_by_redaction() -> None:
     one_line_error(
         invoke(["inspect", "-q", Q, "--redis-url", "http://u:pw@h:1"]),

@@ -14,7 +14,6 @@ from functools import partial
 from typing import Any
 from urllib.parse import parse_qs
 
-import httpx
 import pytest
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -31,6 +30,7 @@ from claimkit._dispatch import (
     dispatch,
     open_http_client,
 )
+from claimkit._http import HttpClient
 from claimkit._models import Envelope, ErrorCode, TerminalRecord, parse_member
 from claimkit._sim import SimApp, SimConfig, serve_sim
 
@@ -196,7 +196,7 @@ async def broken_body_url(nursery: trio.Nursery) -> str:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
+async def client() -> AsyncIterator[HttpClient]:
     async with open_http_client(8) as c:
         yield c
 
@@ -211,7 +211,7 @@ def closed_port() -> int:
 # -- terminal HTTP outcomes ----------------------------------------------------------------
 
 
-async def test_201_body_kept_exactly(edge: Edge, client: httpx.AsyncClient) -> None:
+async def test_201_body_kept_exactly(edge: Edge, client: HttpClient) -> None:
     with trio.fail_after(TIMEOUT):
         env = make_env(payload={"prompt": "hi"})
         out = await dispatch(
@@ -224,7 +224,7 @@ async def test_201_body_kept_exactly(edge: Edge, client: httpx.AsyncClient) -> N
     ]
 
 
-async def test_200_from_simulator(nursery: trio.Nursery, client: httpx.AsyncClient) -> None:
+async def test_200_from_simulator(nursery: trio.Nursery, client: HttpClient) -> None:
     url, app = await start_sim(nursery, SimConfig())
     with trio.fail_after(TIMEOUT):
         env = make_env(rid="r-7", payload={"id": "r-7", "model": "m1", "prompt": "x"})
@@ -238,7 +238,7 @@ async def test_200_from_simulator(nursery: trio.Nursery, client: httpx.AsyncClie
 
 
 async def test_endpoint_overrides_queue_path(
-    nursery: trio.Nursery, client: httpx.AsyncClient
+    nursery: trio.Nursery, client: HttpClient
 ) -> None:
     url, _ = await start_sim(nursery, SimConfig())
     with trio.fail_after(TIMEOUT):
@@ -249,7 +249,7 @@ async def test_endpoint_overrides_queue_path(
     assert json.loads(out.record.payload)["object"] == "chat.completion"
 
 
-async def test_null_payload_is_sent_as_json_null(edge: Edge, client: httpx.AsyncClient) -> None:
+async def test_null_payload_is_sent_as_json_null(edge: Edge, client: HttpClient) -> None:
     with trio.fail_after(TIMEOUT):
         out = await dispatch(
             client,
@@ -263,7 +263,7 @@ async def test_null_payload_is_sent_as_json_null(edge: Edge, client: httpx.Async
     assert edge.app.calls[0].body == b"null"
 
 
-async def test_base_url_prefix_kept_and_404_terminal(edge: Edge, client: httpx.AsyncClient) -> None:
+async def test_base_url_prefix_kept_and_404_terminal(edge: Edge, client: HttpClient) -> None:
     with trio.fail_after(TIMEOUT):
         out = await dispatch(
             client,
@@ -275,7 +275,7 @@ async def test_base_url_prefix_kept_and_404_terminal(edge: Edge, client: httpx.A
     assert out == Done(TerminalRecord.http("req-1", 404, "no route POST /gw/v1/completions"))
 
 
-async def test_400_is_terminal_with_body(edge: Edge, client: httpx.AsyncClient) -> None:
+async def test_400_is_terminal_with_body(edge: Edge, client: HttpClient) -> None:
     with trio.fail_after(TIMEOUT):
         out = await dispatch(
             client,
@@ -288,7 +288,7 @@ async def test_400_is_terminal_with_body(edge: Edge, client: httpx.AsyncClient) 
     assert len(edge.app.calls) == 1
 
 
-async def test_redirect_is_not_followed(edge: Edge, client: httpx.AsyncClient) -> None:
+async def test_redirect_is_not_followed(edge: Edge, client: HttpClient) -> None:
     with trio.fail_after(TIMEOUT):
         out = await dispatch(
             client, make_env(), Target(edge.url, "/redirect"), request_timeout=5, now=time.time()
@@ -302,7 +302,7 @@ async def test_redirect_is_not_followed(edge: Edge, client: httpx.AsyncClient) -
 
 @pytest.mark.parametrize("retry_count", [0, 1, 2, 3, 4, 5, 9])
 async def test_429_retry_delay_follows_backoff(
-    edge: Edge, client: httpx.AsyncClient, retry_count: int
+    edge: Edge, client: HttpClient, retry_count: int
 ) -> None:
     with trio.fail_after(TIMEOUT):
         env = make_env(retry_count=retry_count)
@@ -325,7 +325,7 @@ async def test_429_retry_delay_follows_backoff(
     ("path", "status", "body"), [("/boom", 500, "boom"), ("/unavailable", 503, "try later")]
 )
 async def test_5xx_retry(
-    edge: Edge, client: httpx.AsyncClient, path: str, status: int, body: str
+    edge: Edge, client: HttpClient, path: str, status: int, body: str
 ) -> None:
     with trio.fail_after(TIMEOUT):
         out = await dispatch(
@@ -342,7 +342,7 @@ async def test_5xx_retry(
 
 
 async def test_simulator_429_with_retry_after_seconds(
-    nursery: trio.Nursery, client: httpx.AsyncClient
+    nursery: trio.Nursery, client: HttpClient
 ) -> None:
     url, app = await start_sim(nursery, SimConfig(rate_429=1.0, retry_after="30"))
     with trio.fail_after(TIMEOUT):
@@ -361,7 +361,7 @@ async def test_simulator_429_with_retry_after_seconds(
     assert app.stats()["by_status"] == {"429": 1}
 
 
-async def test_retry_after_http_date_honoured(edge: Edge, client: httpx.AsyncClient) -> None:
+async def test_retry_after_http_date_honoured(edge: Edge, client: HttpClient) -> None:
     now = time.time()
     date = email.utils.formatdate(math.floor(now) + 41, usegmt=True)
     with trio.fail_after(TIMEOUT):
@@ -379,7 +379,7 @@ async def test_retry_after_http_date_honoured(edge: Edge, client: httpx.AsyncCli
 
 
 async def test_retry_after_capped_at_half_the_time_left(
-    edge: Edge, client: httpx.AsyncClient
+    edge: Edge, client: HttpClient
 ) -> None:
     now = time.time()
     deadline = math.floor(now) + 21  # 20..21 s left
@@ -398,7 +398,7 @@ async def test_retry_after_capped_at_half_the_time_left(
 
 
 async def test_body_that_breaks_mid_read_is_retried(
-    broken_body_url: str, client: httpx.AsyncClient
+    broken_body_url: str, client: HttpClient
 ) -> None:
     with trio.fail_after(TIMEOUT):
         out = await dispatch(
@@ -417,7 +417,7 @@ async def test_body_that_breaks_mid_read_is_retried(
 
 
 async def test_near_deadline_retry_becomes_last_response(
-    nursery: trio.Nursery, client: httpx.AsyncClient
+    nursery: trio.Nursery, client: HttpClient
 ) -> None:
     url, app = await start_sim(nursery, SimConfig(rate_429=1.0))
     env = make_env(deadline=2_000_000_000)
@@ -437,7 +437,7 @@ async def test_near_deadline_retry_becomes_last_response(
 
 
 async def test_near_deadline_unreadable_body_is_deadline_exceeded(
-    broken_body_url: str, client: httpx.AsyncClient
+    broken_body_url: str, client: HttpClient
 ) -> None:
     env = make_env(deadline=2_000_000_000)
     with trio.fail_after(TIMEOUT):
@@ -455,13 +455,13 @@ async def test_near_deadline_unreadable_body_is_deadline_exceeded(
 
 @pytest.mark.parametrize("past", [0.0, 0.001, 30.0])
 async def test_deadline_passed_sends_nothing(
-    nursery: trio.Nursery, client: httpx.AsyncClient, past: float
+    nursery: trio.Nursery, client: HttpClient, past: float
 ) -> None:
-    url, _ = await start_sim(nursery, SimConfig())
+    url, app = await start_sim(nursery, SimConfig())
     env = make_env(deadline=2_000_000_000)
     with trio.fail_after(TIMEOUT):
         out = await dispatch(client, env, Target(url), request_timeout=5, now=env.deadline + past)
-        stats = (await client.get(url + "/stats")).json()
+        stats = app.stats()
     assert out == Done(
         TerminalRecord(
             id="req-1",
@@ -476,7 +476,7 @@ async def test_deadline_passed_sends_nothing(
 # -- no response ---------------------------------------------------------------------------
 
 
-async def test_connection_refused_is_inference_error(client: httpx.AsyncClient) -> None:
+async def test_connection_refused_is_inference_error(client: HttpClient) -> None:
     port = closed_port()
     with trio.fail_after(TIMEOUT):
         out = await dispatch(
@@ -510,7 +510,7 @@ async def test_connection_refused_is_inference_error(client: httpx.AsyncClient) 
 
 
 async def test_hang_times_out_as_inference_error(
-    nursery: trio.Nursery, client: httpx.AsyncClient
+    nursery: trio.Nursery, client: HttpClient
 ) -> None:
     url, app = await start_sim(nursery, SimConfig(rate_hang=1.0))
     with trio.fail_after(TIMEOUT):
@@ -527,7 +527,7 @@ async def test_hang_times_out_as_inference_error(
 
 
 async def test_timeout_is_capped_by_deadline(
-    nursery: trio.Nursery, client: httpx.AsyncClient
+    nursery: trio.Nursery, client: HttpClient
 ) -> None:
     url, _ = await start_sim(nursery, SimConfig(rate_hang=1.0))
     env = make_env(deadline=2_000_000_000)
@@ -540,7 +540,7 @@ async def test_timeout_is_capped_by_deadline(
     )
 
 
-async def test_unsupported_scheme_is_inference_error(client: httpx.AsyncClient) -> None:
+async def test_unsupported_scheme_is_inference_error(client: HttpClient) -> None:
     with trio.fail_after(TIMEOUT):
         out = await dispatch(
             client, make_env(), Target("ftp://gw.example"), request_timeout=5, now=time.time()
@@ -590,7 +590,7 @@ def test_build_headers_without_userid(metadata: dict[str, str] | None) -> None:
     }
 
 
-async def test_headers_on_the_wire(edge: Edge, client: httpx.AsyncClient) -> None:
+async def test_headers_on_the_wire(edge: Edge, client: HttpClient) -> None:
     env = make_env(
         payload={"prompt": "p"},
         headers={
@@ -738,8 +738,9 @@ def test_backoff_without_time_left_is_zero(seconds_left: float) -> None:
 async def test_open_http_client() -> None:
     with trio.fail_after(TIMEOUT):
         async with open_http_client(3) as c:
-            assert c.follow_redirects is False
-            assert c.headers["user-agent"] == "claimkit"
+            assert isinstance(c, HttpClient)
+            assert c.max_connections == 3
+            assert c.user_agent == b"claimkit"
         assert c.is_closed
     with pytest.raises(ValueError, match="concurrency must be at least 1"):
         open_http_client(0)
@@ -763,6 +764,6 @@ async def test_concurrency_limit_is_respected(nursery: trio.Nursery) -> None:
 
 
 async def _collect(
-    results: list[object], client: httpx.AsyncClient, env: Envelope, url: str
+    results: list[object], client: HttpClient, env: Envelope, url: str
 ) -> None:
     results.append(await dispatch(client, env, Target(url), request_timeout=5, now=time.time()))

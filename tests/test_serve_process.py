@@ -266,3 +266,34 @@ def test_unreachable_redis_at_start_is_retried_not_fatal(tmp_path: Path) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_sim_survives_clients_that_hang_up_mid_request(tmp_path: Path) -> None:
+    """Regression: the CLI once restored SIGPIPE's default action, so the first client
+    that hung up before its answer killed `claimkit sim` (and could kill `serve`)."""
+    port = free_port()
+    with (tmp_path / "sim.log").open("w") as log:
+        proc = subprocess.Popen(
+            [CLAIMKIT, "sim", "--port", str(port), "--latency", "0.2"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_port(port)
+        body = b'{"id":"x"}'
+        request = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(request)
+            # closed before the 0.2 s answer: the sim writes into a reset connection
+        time.sleep(0.5)
+        assert proc.poll() is None
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"id": "y"}, timeout=5)
+        assert reply.status_code == 200
+        assert reply.json()["id"] != ""
+    finally:
+        proc.kill()
+        proc.wait(10)

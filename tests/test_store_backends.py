@@ -264,6 +264,28 @@ async def test_wrongtype_is_store_error(bstore: Store) -> None:
         assert await bstore.command("GET", "s") == b"1"
 
 
+async def blocked_clients_is_zero(store: Store) -> bool:
+    info: bytes = await store.command("INFO", "clients")
+    return b"blocked_clients:0" in info.split(b"\r\n")
+
+
+async def test_cancelled_call_leaves_nothing_behind(bstore: Store) -> None:
+    """A BRPOP cancelled mid-wait drops its connection: it cannot pop a later push, and the
+    next calls get whole replies (no half-read reply left in a pooled connection)."""
+    with trio.fail_after(DEADLINE):
+        with trio.move_on_after(0.2) as scope:
+            await bstore.command("BRPOP", "l", 0)  # would block for ever
+        assert scope.cancelled_caught
+        # Redis notices the closed socket a moment later; if the connection were kept,
+        # this would wait until fail_after.
+        with trio.fail_after(5):
+            while not await blocked_clients_is_zero(bstore):
+                await trio.sleep(0.01)
+        await bstore.command("RPUSH", "l", "x")
+        assert await bstore.command("LRANGE", "l", 0, -1) == [b"x"]
+        assert await bstore.command("PING") == b"PONG"
+
+
 @coredis_leaks_on_failed_connect
 async def test_closed_port_is_unavailable(backend: str) -> None:
     with trio.fail_after(DEADLINE):

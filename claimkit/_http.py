@@ -1,0 +1,512 @@
+"""A small HTTP/1.1 client for the gateway: h11 over trio streams, with a keep-alive pool.
+
+Why not httpx: at 50 requests in flight httpx (through httpcore) spends ~1.2 ms of CPU per
+request, most of it in pool bookkeeping that grows with open x idle connections, which caps
+one consumer process near 800 requests/s (see ``docs/performance.md``). This client does
+only what dispatch needs (SPEC §4): one ``POST`` with a body already in bytes, the whole
+response read into memory, redirects never followed. Its pool is a LIFO stack of idle
+connections per origin and a counter; taking or returning a connection is O(1).
+
+Behaviour:
+
+- **Pool.** At most ``max_connections`` connections are open at once across all origins; a
+  request waits for one to free up (``PoolTimeout`` if its deadline passes first). Idle
+  connections are kept for ``keepalive_expiry`` seconds and reused most recent first.
+- **Server closed an idle connection.** Before reuse, an idle connection that has become
+  readable (the server sent EOF or stray bytes) is thrown away. If a reused connection
+  still fails before a single response byte arrives (the server closed it while we were
+  writing), the request is sent once more on a fresh connection: that is the keep-alive
+  race every HTTP client handles, and the gateway saw at most a request it never answered.
+- **Timeouts.** One absolute deadline per request (``timeout`` seconds from the call)
+  bounds every phase; the error says which phase ran out (connect, pool, write, response).
+- **Errors.** :class:`HttpError` subclasses only. Failures before the response head are
+  "no response" errors; a response whose body fails (EOF mid-body, bad framing, deadline)
+  raises :class:`BodyError` carrying the status and headers that did arrive.
+
+Cancellation: any call may be cancelled; the connection it was using is closed (never put
+back half-used), its pool slot is freed, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import quote, urlsplit
+
+import h11
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import TracebackType
+
+__all__ = [
+    "BodyError",
+    "ConnectError",
+    "ConnectTimeout",
+    "HttpClient",
+    "HttpError",
+    "InvalidURL",
+    "PoolTimeout",
+    "ReadTimeout",
+    "RemoteProtocolError",
+    "Response",
+    "WriteTimeout",
+]
+
+_RECEIVE_BYTES = 65536
+
+
+class HttpError(Exception):
+    """Any failure of a request. ``str(exc)`` is a short human reason."""
+
+
+class InvalidURL(HttpError):
+    """The URL cannot be requested (unsupported scheme, no host)."""
+
+
+class ConnectError(HttpError):
+    """The connection could not be opened."""
+
+
+class ConnectTimeout(HttpError):
+    """The deadline passed while connecting."""
+
+
+class PoolTimeout(HttpError):
+    """The deadline passed while waiting for a free connection."""
+
+
+class WriteTimeout(HttpError):
+    """The deadline passed while sending the request."""
+
+
+class ReadTimeout(HttpError):
+    """The deadline passed before the response head arrived."""
+
+
+class RemoteProtocolError(HttpError):
+    """The connection broke or the server spoke malformed HTTP before a response head."""
+
+
+class BodyError(HttpError):
+    """The response head arrived but its body did not (EOF, bad framing or the deadline).
+
+    Attributes:
+        status: the response status.
+        headers: the response headers (names lower-case).
+        timed_out: True when the deadline ended the read.
+    """
+
+    def __init__(
+        self, reason: str, status: int, headers: list[tuple[bytes, bytes]], *, timed_out: bool
+    ) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.headers = headers
+        self.timed_out = timed_out
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A whole response: status, headers (names lower-case bytes), body bytes."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (case-insensitive), as latin-1 text."""
+        return _header(self.headers, name)
+
+    @property
+    def text(self) -> str:
+        """The body as text: the charset of ``Content-Type`` if given and known, else UTF-8
+        (undecodable bytes replaced)."""
+        charset = "utf-8"
+        ctype = self.header("content-type")
+        if ctype:
+            for param in ctype.split(";")[1:]:
+                key, _, value = param.strip().partition("=")
+                if key.lower() == "charset" and value:
+                    charset = value.strip('"').strip()
+        try:
+            return self.body.decode(charset, errors="replace")
+        except LookupError:
+            return self.body.decode("utf-8", errors="replace")
+
+
+def _header(headers: Sequence[tuple[bytes, bytes]], name: str) -> str | None:
+    key = name.lower().encode()
+    for k, v in headers:
+        if k == key:
+            return v.decode("latin-1")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def host_header(self) -> bytes:
+        default = 443 if self.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return (host if self.port == default else f"{host}:{self.port}").encode("idna")
+
+
+_PATH_SAFE = "/:@!$&'()*+,;=%~"
+_QUERY_SAFE = _PATH_SAFE + "?"
+
+
+@functools.lru_cache(maxsize=256)
+def _split(url: str) -> tuple[_Origin, bytes]:
+    """The origin and the request target of ``url``, percent-encoding what must be (a
+    space, non-ASCII) and keeping existing escapes. Gateway URLs repeat: cached."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise InvalidURL(f"Request URL has an unsupported protocol '{scheme}://'.")
+    if not parts.hostname:
+        raise InvalidURL(f"Request URL has no host: {url!r}")
+    try:
+        port = parts.port or (443 if scheme == "https" else 80)
+    except ValueError as exc:
+        raise InvalidURL(f"Request URL has an invalid port: {url!r}") from exc
+    target = quote(parts.path or "/", safe=_PATH_SAFE)
+    if parts.query:
+        target += "?" + quote(parts.query, safe=_QUERY_SAFE)
+    return _Origin(scheme, parts.hostname, port), target.encode("ascii")
+
+
+class _Conn:
+    """One HTTP/1.1 connection: a trio stream and its h11 state machine."""
+
+    __slots__ = ("origin", "stream", "h11", "idle_since", "uses")
+
+    def __init__(self, origin: _Origin, stream: trio.abc.Stream) -> None:
+        self.origin = origin
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = 0.0
+        self.uses = 0  # completed exchanges
+
+    def readable(self) -> bool:
+        """True if the server sent EOF (or anything) while the connection was idle."""
+        stream = self.stream
+        if isinstance(stream, trio.SSLStream):
+            stream = stream.transport_stream
+        sock = getattr(stream, "socket", None)
+        return sock is None or bool(sock.is_readable())
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.aclose_forcefully(self.stream)
+
+
+class _State(enum.Enum):
+    UNOPENED = 1
+    OPEN = 2
+    CLOSED = 3
+
+
+class HttpClient:
+    """A keep-alive HTTP/1.1 client for ``POST`` requests to an inference gateway.
+
+    Args:
+        max_connections: connections open at once, across origins (>= 1).
+        keepalive_expiry: seconds an idle connection is kept for reuse.
+        user_agent: the ``User-Agent`` header sent with every request.
+
+    Use it as ``async with HttpClient(...) as client:``; :meth:`aclose` is idempotent.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_connections: int,
+        keepalive_expiry: float = 30.0,
+        user_agent: str = "claimkit",
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self.max_connections = max_connections
+        self.keepalive_expiry = keepalive_expiry
+        self.user_agent = user_agent.encode()
+        self._slots = trio.Semaphore(max_connections)
+        self._idle: dict[_Origin, deque[_Conn]] = {}
+        self._state = _State.OPEN
+        self.connections_opened = 0
+        """How many connections this client has opened (for tests and benchmarks)."""
+
+    @property
+    def is_closed(self) -> bool:
+        return self._state is _State.CLOSED
+
+    async def __aenter__(self) -> HttpClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every idle connection; the client then refuses new requests."""
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                await conn.aclose()
+
+    def idle_count(self) -> int:
+        return sum(len(c) for c in self._idle.values())
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        *,
+        timeout: float,
+    ) -> Response:
+        """``POST body`` to ``url`` and read the whole response.
+
+        Args:
+            url: an ``http://`` or ``https://`` URL.
+            body: the request body (``Content-Length`` is set from it).
+            headers: extra headers as ``(name, value)`` bytes; ``Host``, ``User-Agent``
+                and ``Content-Length`` are added unless present.
+            timeout: seconds for the whole request, every phase included.
+
+        Returns:
+            The :class:`Response`, whatever its status (3xx is not followed).
+
+        Raises:
+            InvalidURL, ConnectError, ConnectTimeout, PoolTimeout, WriteTimeout, ReadTimeout,
+            RemoteProtocolError: no response was had.
+            BodyError: the response head arrived, its body did not.
+
+        Cancellation: the connection in use is closed and its slot freed.
+        """
+        if self._state is _State.CLOSED:
+            raise RuntimeError("the HTTP client is closed")
+        origin, target = _split(url)
+        deadline = trio.current_time() + max(timeout, 0.0)
+        request = self._request(origin, target, body, headers)
+        with trio.move_on_at(deadline) as pool_wait:
+            await self._slots.acquire()
+        if pool_wait.cancelled_caught:
+            raise PoolTimeout(f"no free connection within {_seconds(timeout)}")
+        try:
+            conn = self._take_idle(origin)
+            if conn is not None:
+                try:
+                    return await self._exchange(conn, request, body, deadline, timeout)
+                except _Stale:
+                    pass  # the server closed it under us: one more try on a fresh one
+            conn = await self._connect(origin, deadline, timeout)
+            try:
+                return await self._exchange(conn, request, body, deadline, timeout)
+            except _Stale as exc:
+                raise RemoteProtocolError(str(exc)) from None
+        finally:
+            self._slots.release()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _request(
+        self,
+        origin: _Origin,
+        target: bytes,
+        body: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> h11.Request:
+        have = {k.lower() for k, _ in headers}
+        out: list[tuple[bytes, bytes]] = []
+        if b"host" not in have:
+            out.append((b"Host", origin.host_header))
+        if b"user-agent" not in have:
+            out.append((b"User-Agent", self.user_agent))
+        out.extend(headers)
+        if b"content-length" not in have:
+            out.append((b"Content-Length", str(len(body)).encode()))
+        try:
+            return h11.Request(method=b"POST", target=target, headers=out)
+        except h11.LocalProtocolError as exc:
+            raise InvalidURL(f"invalid request: {exc}") from None
+
+    def _take_idle(self, origin: _Origin) -> _Conn | None:
+        conns = self._idle.get(origin)
+        if not conns:
+            return None
+        too_old = trio.current_time() - self.keepalive_expiry
+        while conns:
+            conn = conns.pop()  # most recently used first: the one least likely timed out
+            if conn.idle_since < too_old or conn.readable():
+                self._close_soon(conn)
+                continue
+            # Connections under it on the stack are older still: drop the expired ones.
+            while conns and conns[0].idle_since < too_old:
+                self._close_soon(conns.popleft())
+            return conn
+        return None
+
+    def _close_soon(self, conn: _Conn) -> None:
+        # A plain TCP socket closes synchronously; TLS would want a close_notify, but a
+        # forceful close of an idle connection is what every pool does.
+        stream = conn.stream
+        if isinstance(stream, trio.SocketStream):
+            stream.socket.close()
+        elif isinstance(stream, trio.SSLStream) and isinstance(
+            stream.transport_stream, trio.SocketStream
+        ):
+            stream.transport_stream.socket.close()
+
+    def _put_back(self, conn: _Conn) -> None:
+        if self._state is _State.CLOSED:
+            self._close_soon(conn)
+            return
+        conn.idle_since = trio.current_time()
+        self._idle.setdefault(conn.origin, deque()).append(conn)
+
+    async def _connect(self, origin: _Origin, deadline: float, timeout: float) -> _Conn:
+        with trio.move_on_at(deadline):
+            try:
+                if origin.scheme == "https":
+                    stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
+                        origin.host, origin.port, https_compatible=True
+                    )
+                else:
+                    stream = await trio.open_tcp_stream(origin.host, origin.port)
+            except OSError as exc:
+                raise ConnectError(str(exc) or type(exc).__name__) from exc
+            self.connections_opened += 1
+            return _Conn(origin, stream)
+        raise ConnectTimeout(f"timed out connecting after {_seconds(timeout)}")
+
+    async def _exchange(
+        self,
+        conn: _Conn,
+        request: h11.Request,
+        body: bytes,
+        deadline: float,
+        timeout: float,
+    ) -> Response:
+        """One request/response on ``conn``. Puts it back in the pool when both sides are
+        done and it can be reused; closes it otherwise."""
+        reused = conn.uses > 0
+        keep = False
+        phase = "write"
+        status = 0
+        headers: list[tuple[bytes, bytes]] = []
+        try:
+            h = conn.h11
+            try:
+                data = h.send(request) or b""
+                data += h.send(h11.Data(data=body)) or b""
+                data += h.send(h11.EndOfMessage()) or b""
+            except h11.LocalProtocolError as exc:
+                raise InvalidURL(f"invalid request: {exc}") from None
+            with trio.move_on_at(deadline):
+                try:
+                    await conn.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    if reused:
+                        raise _Stale(f"connection closed while sending: {exc}") from None
+                    raise RemoteProtocolError(f"connection broke while sending: {exc}") from None
+                phase = "head"
+                head = await self._read_head(conn, reused)
+                status, headers = head.status_code, list(head.headers)
+                phase = "body"
+                chunks: list[bytes] = []
+                try:
+                    while True:
+                        event = await self._next_event(conn)
+                        if type(event) is h11.Data:
+                            chunks.append(bytes(event.data))
+                        elif type(event) is h11.EndOfMessage:
+                            break
+                        else:
+                            raise RemoteProtocolError(f"unexpected {type(event).__name__}")
+                except (HttpError, _EOFBeforeResponse) as exc:
+                    raise BodyError(str(exc), status, headers, timed_out=False) from None
+                conn.uses += 1
+                keep = h.our_state is h11.DONE and h.their_state is h11.DONE
+                if keep:
+                    h.start_next_cycle()
+                return Response(status, headers, b"".join(chunks))
+            # The deadline passed: say in which phase.
+            if phase == "body":
+                raise BodyError(
+                    f"body not complete within {_seconds(timeout)}", status, headers, timed_out=True
+                )
+            if phase == "write":
+                raise WriteTimeout(f"timed out sending the request after {_seconds(timeout)}")
+            raise ReadTimeout(f"no response within {_seconds(timeout)}")
+        finally:
+            if keep:
+                self._put_back(conn)
+            else:
+                await conn.aclose()
+
+    async def _read_head(self, conn: _Conn, reused: bool) -> h11.Response:
+        while True:
+            try:
+                event = await self._next_event(conn)
+            except _EOFBeforeResponse as exc:
+                if reused:
+                    raise _Stale(str(exc)) from None
+                raise RemoteProtocolError(str(exc)) from None
+            if type(event) is h11.Response:
+                return event
+            if type(event) is h11.InformationalResponse:
+                continue  # 100 Continue and friends: the real head follows
+            raise RemoteProtocolError(f"unexpected {type(event).__name__} before the response")
+
+    async def _next_event(self, conn: _Conn) -> h11.Event | type[h11.PAUSED]:
+        h = conn.h11
+        while True:
+            try:
+                event = h.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise RemoteProtocolError(f"malformed response: {exc}") from None
+            if event is h11.NEED_DATA:
+                try:
+                    data = await conn.stream.receive_some(_RECEIVE_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    if h.their_state is h11.SEND_RESPONSE:
+                        raise _EOFBeforeResponse(f"connection broke: {exc}") from None
+                    raise RemoteProtocolError(f"connection broke: {exc}") from None
+                if not data and h.their_state is h11.SEND_RESPONSE:
+                    raise _EOFBeforeResponse("server closed the connection without a response")
+                h.receive_data(data)
+                continue
+            if event is h11.ConnectionClosed:
+                raise RemoteProtocolError("server closed the connection mid-response")
+            return event
+
+
+class _EOFBeforeResponse(Exception):
+    pass
+
+
+class _Stale(Exception):
+    """A reused connection turned out closed before any response byte: try a fresh one."""
+
+
+def _seconds(seconds: float) -> str:
+    if math.isinf(seconds):
+        return "inf s"
+    return f"{seconds:.3f}".rstrip("0").rstrip(".") + " s"
