@@ -157,6 +157,10 @@ class Consumer:
         http_client: the client the default handler uses (one is opened if ``None``).
         metrics: where to count (a fresh registry if ``None``).
         rng: randomness for backoff jitter and the redis gate (seeded in tests).
+        on_settled: called (synchronously, from the acker) once per request whose outcome
+            was written: ``(envelope, record)`` after its ack script ran (``record`` is what
+            was acked; a suppressed duplicate too), ``(envelope, None)`` after it was parked
+            for retry. For benchmarks and embedding; it must not block or raise.
     """
 
     def __init__(
@@ -168,8 +172,10 @@ class Consumer:
         http_client: HttpClient | None = None,
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
+        on_settled: Callable[[Envelope, TerminalRecord | None], None] | None = None,
     ) -> None:
         self.config = config
+        self._on_settled = on_settled
         self.store = store
         self.metrics = metrics or Metrics()
         self.summary = Summary()
@@ -557,6 +563,8 @@ class Consumer:
             if q.held.get(job.held.env.id) is job.held:
                 del q.held[job.held.env.id]
             self._count_record(q, job.record, pushed)
+            if self._on_settled is not None:
+                self._on_settled(job.held.env, job.record)
 
     def _count_record(self, q: QueueRuntime, record: TerminalRecord | None, pushed: bool) -> None:
         if not pushed:
@@ -589,6 +597,8 @@ class Consumer:
             if code == 1:
                 self.summary.retried += 1
                 q.metrics.retries.inc()
+            if self._on_settled is not None:
+                self._on_settled(job.held.env, None)
 
     # -- heartbeat, reclaim, retry mover -----------------------------------------------------
 

@@ -1,0 +1,112 @@
+"""claimkit as a runner of the peers harness (``/work/shared/peers``), in-process.
+
+Speaks the harness's runner protocol (``runners/common.py``):
+
+    peers_runner.py enqueue|work --redis URL --n N --workload noop|http --gateway URL \
+        --concurrency C --queue NAME
+
+- ``enqueue`` submits N requests with claimkit's own :class:`claimkit.Producer` (the real
+  envelope, a deadline one hour ahead, ``request-active`` keys; 1000 per MULTI/EXEC), the
+  peers' ~200 B payload as each request's ``payload``.
+- ``work`` runs a :class:`claimkit.Consumer` with its full durable path (peek -> claim ->
+  dispatch -> ack, heartbeat, reclaimer, retry mover) and counts each request when its ack
+  script has run (``on_settled``), so a job counts only once its record is durable in Redis.
+  ``http`` dispatches through claimkit's own dispatch (SPEC §4) to the harness gateway;
+  ``noop`` acks a 200 record at once.
+
+Knobs (the harness passes fixed arguments, so these are environment variables):
+
+- ``CLAIMKIT_BACKEND``: ``coredis`` (default) or ``redispy``;
+- ``CLAIMKIT_BATCH``: ``batch_size`` (default 10);
+- ``CLAIMKIT_POLL_MS``: ``poll_interval_ms`` (default 50: an empty queue is polled 20x/s);
+- ``CLAIMKIT_PEERS_RUNNERS``: where ``common.py`` is (default
+  ``/work/shared/peers/runners``).
+
+Add it to a harness run with::
+
+    bash /work/shared/peers/run.sh --add claimkit='/work/venv/bin/python bench/peers_runner.py'
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+sys.path.insert(
+    0, os.environ.get("CLAIMKIT_PEERS_RUNNERS", str(Path("/work/shared/peers/runners")))
+)
+
+import common  # noqa: E402  (the harness's runner protocol)
+import trio  # noqa: E402
+
+from claimkit import Config, Consumer, Producer, QueueConfig, open_store  # noqa: E402
+from claimkit._dispatch import Done  # noqa: E402
+from claimkit._models import TerminalRecord  # noqa: E402
+
+BACKEND = os.environ.get("CLAIMKIT_BACKEND", "coredis")
+BATCH = int(os.environ.get("CLAIMKIT_BATCH", "10"))
+POLL_MS = int(os.environ.get("CLAIMKIT_POLL_MS", "50"))
+
+
+async def enqueue(args) -> None:  # type: ignore[no-untyped-def]
+    deadline = int(time.time()) + 3600
+    async with open_store(args.redis, backend=BACKEND) as store:
+        producer = Producer(store, args.queue)
+        t0 = time.perf_counter()
+        for k in range(0, args.n, 1000):
+            await producer.submit_many(
+                {"id": f"req-{i:06d}", "deadline": deadline, "payload": common.payload(i)}
+                for i in range(k, min(args.n, k + 1000))
+            )
+        common.enqueued(args.n, time.perf_counter() - t0)
+
+
+def config_for(args) -> Config:  # type: ignore[no-untyped-def]
+    parts = urlsplit(args.gateway or "http://127.0.0.1:1/v1/completions")
+    return Config(
+        url=args.redis,
+        queues=(
+            QueueConfig(
+                queue_name=args.queue,
+                igw_base_url=f"{parts.scheme}://{parts.netloc}",
+                request_path_url=parts.path or "/v1/completions",
+            ),
+        ),
+        batch_size=BATCH,
+        poll_interval_ms=POLL_MS,
+        concurrency=args.concurrency,
+        metrics_port=0,
+        health_port=0,
+    )
+
+
+async def work(args) -> None:  # type: ignore[no-untyped-def]
+    meter = common.Meter(args.n)
+    meter.extra = lambda: {"backend": BACKEND, "batch_size": BATCH}
+
+    def settled(env, record):  # type: ignore[no-untyped-def]
+        ok = record is not None and record.status_code == 200
+        meter.finished(ok=ok)
+
+    handler = None
+    if args.workload == "noop":
+
+        async def handler(q, env, now):  # type: ignore[no-untyped-def]
+            return Done(TerminalRecord.http(env.id, 200, "{}"))
+
+    async with open_store(args.redis, backend=BACKEND) as store:
+        consumer = Consumer(config_for(args), store, handler=handler, on_settled=settled)
+        meter.start()
+        await consumer.run()
+
+
+def main() -> None:
+    args = common.parse_args()
+    trio.run(enqueue if args.mode == "enqueue" else work, args)
+
+
+if __name__ == "__main__":
+    main()
