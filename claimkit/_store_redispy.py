@@ -179,7 +179,7 @@ def _message(exc: BaseException) -> str:
 async def open_redispy_store(
     url: str,
     *,
-    timeout: float,  # noqa: ASYNC109 - per connect and per reply, handed to the client
+    timeout: float,
 ) -> AsyncIterator[RedispyStore]:
     """Open a redis-py store on ``url``, inside a trio-asyncio loop of its own.
 

@@ -1,0 +1,164 @@
+"""Configuration (SPEC §6): JSON inline or from a file, flags, REDIS_URL, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from claimkit._config import Config, ConfigError, load_config
+
+QUEUE = {"queue_name": "q", "igw_base_url": "http://gw:8000"}
+ENV = {"REDIS_URL": "redis://env-host:6379/0"}
+
+
+def load(doc: dict[str, Any], **kw: Any) -> Config:
+    return load_config(inline=json.dumps(doc), environ=kw.pop("environ", ENV), **kw)
+
+
+def test_defaults_follow_the_spec() -> None:
+    c = load({"queues": [QUEUE]})
+    assert (c.url, c.result_queue_name, c.retry_queue_name) == (
+        "redis://env-host:6379/0",
+        "result-list",
+        "retry-sortedset",
+    )
+    assert (c.poll_interval_ms, c.batch_size, c.claim_lease_ttl_seconds) == (1000, 10, 300.0)
+    assert (c.claim_reclaim_interval_ms, c.result_dedup_ttl_seconds, c.max_deliveries) == (
+        15000,
+        21600,
+        10,
+    )
+    assert (c.concurrency, c.request_timeout_seconds, c.drain_timeout_seconds) == (64, 300.0, 10.0)
+    assert (c.metrics_port, c.health_port) == (9090, 8081)
+    q = c.queues[0]
+    assert (q.queue_id, q.request_path_url, q.gate_type, q.result_queue_name) == (
+        "q",
+        "/v1/completions",
+        "constant",
+        None,
+    )
+
+
+def test_heartbeat_interval_is_a_third_of_the_lease_clamped() -> None:
+    assert (
+        load({"queues": [QUEUE], "claim_lease_ttl_seconds": 300}).heartbeat_interval_seconds == 30
+    )
+    assert load({"queues": [QUEUE], "claim_lease_ttl_seconds": 60}).heartbeat_interval_seconds == 20
+    assert load({"queues": [QUEUE], "claim_lease_ttl_seconds": 1}).heartbeat_interval_seconds == 1
+
+
+def test_json_wins_over_flags_and_flags_fill_the_rest() -> None:
+    c = load(
+        {"queues": [QUEUE], "claim_lease_ttl_seconds": 60},
+        flags={"claim_lease_ttl_seconds": 5, "concurrency": 8, "metrics_port": None},
+    )
+    assert (c.claim_lease_ttl_seconds, c.concurrency, c.metrics_port) == (60.0, 8, 9090)
+
+
+def test_url_precedence_json_then_flag_then_env() -> None:
+    assert load(
+        {"queues": [QUEUE], "url": "redis://json:1"}, flags={"url": "redis://flag:1"}
+    ).url == ("redis://json:1")
+    assert load({"queues": [QUEUE]}, flags={"url": "redis://flag:1"}).url == "redis://flag:1"
+    assert load({"queues": [QUEUE]}).url == ENV["REDIS_URL"]
+
+
+def test_zero_means_default_but_not_for_max_deliveries_and_ports() -> None:
+    c = load(
+        {
+            "queues": [QUEUE],
+            "batch_size": 0,
+            "claim_lease_ttl_seconds": 0,
+            "max_deliveries": 0,
+            "metrics_port": 0,
+            "health_port": 0,
+        }
+    )
+    assert (c.batch_size, c.claim_lease_ttl_seconds) == (10, 300.0)
+    assert (c.max_deliveries, c.metrics_port, c.health_port) == (0, 0, 0)
+
+
+def test_file_config(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"queues": [QUEUE], "batch_size": 3}))
+    assert load_config(path=path, environ=ENV).batch_size == 3
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            {"queues": [QUEUE], "claim_lease_ttl_seconds": -1},
+            "claim_lease_ttl_seconds must be non-negative",
+        ),
+        ({"queues": [QUEUE], "batch_size": "10"}, 'batch_size must be a number, got "10"'),
+        ({"queues": [QUEUE], "batch_size": 2.5}, "batch_size must be a whole number, got 2.5"),
+        (
+            {"queues": [QUEUE], "metrics_port": 70000},
+            "metrics_port must be a port number (0 turns the server off), got 70000",
+        ),
+        ({"queues": []}, "queues must list at least one queue"),
+        ({"queues": {}}, "queues must be a list"),
+        ({"queues": [{"igw_base_url": "http://g"}]}, "queues[0].queue_name is required"),
+        ({"queues": [{"queue_name": "q"}]}, "queues[0].igw_base_url is required"),
+        (
+            {"queues": [{"queue_name": "q", "igw_base_url": "ftp://g"}]},
+            "queues[0].igw_base_url must be an http:// or https:// URL, got 'ftp://g'",
+        ),
+        ({"queues": [QUEUE, QUEUE]}, "queue_name 'q' is listed twice"),
+        (
+            {"queues": [QUEUE, {**QUEUE, "queue_name": "r", "id": "q"}]},
+            "queue id 'q' is listed twice",
+        ),
+        (
+            {"queues": [{**QUEUE, "gate_type": "magic"}]},
+            "queues[0].gate_type must be one of constant, redis, local-max-concurrency,"
+            " got 'magic'",
+        ),
+        (
+            {"queues": [{**QUEUE, "labels": {"a": 1}}]},
+            "queues[0].labels must be an object of strings",
+        ),
+        (
+            {"queues": [QUEUE], "url": "http://h:1"},
+            "Redis URL must start with redis://, rediss:// or unix://, got 'http://h:1'",
+        ),
+        (
+            {"queues": [QUEUE], "result_queue_name": ""},
+            "result_queue_name must be a non-empty string",
+        ),
+    ],
+)
+def test_errors_name_the_field(doc: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(doc)
+    assert str(info.value) == message
+    assert "\n" not in str(info.value)
+
+
+def test_other_errors() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"^--transport-config is not valid JSON: Expecting value at line 1 column 1$",
+    ):
+        load_config(inline="nope", environ=ENV)
+    with pytest.raises(ConfigError, match="mutually exclusive"):
+        load_config(inline="{}", path="x.json", environ=ENV)
+    with pytest.raises(
+        ConfigError, match=r"^cannot read /nonexistent/t\.json: No such file or directory$"
+    ):
+        load_config(path="/nonexistent/t.json", environ=ENV)
+    with pytest.raises(ConfigError, match=r"^url is required"):
+        load_config(inline=json.dumps({"queues": [QUEUE]}), environ={})
+    with pytest.raises(ConfigError, match="must hold a JSON object"):
+        load_config(inline="[1]", environ=ENV)
+
+
+def test_unknown_queue_lookup() -> None:
+    c = load({"queues": [QUEUE]})
+    assert c.queue("q") is c.queues[0]
+    with pytest.raises(ConfigError, match=r"^unknown queue 'x' \(configured: q\)$"):
+        c.queue("x")
