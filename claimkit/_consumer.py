@@ -359,20 +359,30 @@ class Consumer:
             try:
                 busy_head = await self._poll_once(q, slots)
             except (StoreUnavailable, StoreError) as exc:
-                self._redis_ok = False
-                log.warning("poll %s: %s; retrying", q.name, exc)
+                self._redis_failed(f"poll {q.name}", exc)
                 busy_head = True
             finally:
                 for slot in slots:
                     self._slots.release_on_behalf_of(slot)
             if busy_head:
-                await trio.sleep(interval)
+                await trio.sleep(interval if self._redis_ok else max(interval, 0.25))
+
+    def _redis_failed(self, where: str, exc: Exception) -> None:
+        """Note a failed Redis call; say so once per outage, not once per retry."""
+        if self._redis_ok or isinstance(exc, StoreError):
+            log.warning("%s: %s; retrying with backoff", where, exc)
+        self._redis_ok = False
+
+    def _redis_answered(self) -> None:
+        if not self._redis_ok:
+            log.info("claimkit: Redis answers again")
+        self._redis_ok = True
 
     async def _poll_once(self, q: QueueRuntime, slots: list[object]) -> bool:
         """One peek -> check -> claim round. Takes ownership of the slots it uses (removes
         them from ``slots``). Returns True when the poller should wait ``poll_interval``."""
         members = await q.ops.peek(len(slots))
-        self._redis_ok = True
+        self._redis_answered()
         if not members:
             return True
         valid: list[Envelope] = []
@@ -557,7 +567,7 @@ class Consumer:
         async for attempt in _retrying(f"ack {q.name}"):
             with attempt:
                 results = await q.ops.ack(items)
-        self._redis_ok = True
+        self._redis_answered()
         for job, (pushed, owned) in zip(jobs, results, strict=True):
             job.owned = owned
             if q.held.get(job.held.env.id) is job.held:
@@ -610,9 +620,8 @@ class Consumer:
                 try:
                     await self._renew(q)
                 except (StoreUnavailable, StoreError) as exc:
-                    self._redis_ok = False
-                    log.warning(
-                        "heartbeat %s: %s; claims will be renewed once it answers", q.name, exc
+                    self._redis_failed(
+                        f"heartbeat {q.name} (claims are renewed once it answers)", exc
                     )
 
     async def _renew(self, q: QueueRuntime) -> None:
@@ -622,7 +631,7 @@ class Consumer:
         server_now, codes = await q.ops.renew(
             [(h.env.id, h.token, h.env.deadline) for h in held], self.config.claim_lease_ttl_seconds
         )
-        self._redis_ok = True
+        self._redis_answered()
         self._offset = server_now - time.time()
         for h, code in zip(held, codes, strict=True):
             if code == 1 or q.held.get(h.env.id) is not h:
@@ -676,7 +685,7 @@ class Consumer:
                         self.config.retry_queue_name,
                     )
             except (StoreUnavailable, StoreError) as exc:
-                log.warning("retry mover: %s; retrying", exc)
+                self._redis_failed("retry mover", exc)
             await trio.sleep(interval)
 
     async def _backlog_sampler(self) -> None:
