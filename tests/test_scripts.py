@@ -128,6 +128,8 @@ def test_the_loader_falls_back_to_the_source_tree(
     package = tmp_path / "claimkit"  # a package directory without lua/
     package.mkdir()
     monkeypatch.setattr(resources, "files", lambda _name: package)
+    # As if running from the checkout (the installed copy of _scripts.py has no ../lua).
+    monkeypatch.setattr(_scripts, "__file__", str(SOURCE_LUA.parent / "claimkit" / "_scripts.py"))
     assert _scripts._lua_dir() == SOURCE_LUA
     scripts = all_scripts()
     assert set(scripts) >= set(PROTOCOL_SCRIPTS)
@@ -149,6 +151,7 @@ def test_no_lua_anywhere_is_a_script_error(
 def test_the_installed_distribution_ships_the_scripts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_registry: None
 ) -> None:
+    real_lua_dir = _scripts._lua_dir
     try:
         dist = importlib.metadata.distribution("claimkit")
     except importlib.metadata.PackageNotFoundError:
@@ -172,7 +175,7 @@ def test_the_installed_distribution_ships_the_scripts(
         assert "@include" not in s.source
     packaged = resources.files("claimkit") / "lua"
     if packaged.is_dir():  # a real (non-editable) install: the loader must use its copy
-        assert _scripts._lua_dir() == Path(str(packaged))
+        assert real_lua_dir() == Path(str(packaged))
 
 
 def test_the_active_lua_dir_matches_the_source_tree() -> None:
