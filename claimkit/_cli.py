@@ -106,6 +106,10 @@ def serve(
         metrics_port=metrics_port,
         health_port=health_port,
     )
+    if store_backend not in ("coredis", "redispy"):
+        fail(f"--store must be coredis or redispy, got {store_backend!r}")
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        fail(f"--log-level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {log_level!r}")
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )

@@ -60,7 +60,7 @@ def config_from(
 ) -> Config:
     """Load the config or exit with one line."""
     try:
-        return load_config(
+        config = load_config(
             inline=transport_config,
             path=transport_config_file,
             flags={"url": redis_url, **flags},
@@ -68,6 +68,10 @@ def config_from(
         )
     except ConfigError as exc:
         fail(str(exc))
+    for name in config.unknown_fields:
+        # llm-d's JSON may carry fields for other transports: say so, but go on.
+        sys.stderr.write(f"claimkit: warning: unknown config field {name!r} is ignored\n")
+    return config
 
 
 _OPERATOR_ERRORS = (StoreUnavailable, StoreError, ConfigError, SubmitError)

@@ -81,7 +81,15 @@ class Producer:
             SubmitError: a request is invalid (nothing was written).
             StoreUnavailable, StoreError: from the store.
         """
-        now = _server_now(await self.store.command("TIME"))
+        now_reply, kind = await self.store.pipeline(
+            [["TIME"], ["TYPE", self.queue]], transaction=False
+        )
+        now = _server_now(now_reply)
+        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+        if kind not in ("zset", "none"):
+            # Checked first: MULTI/EXEC does not roll back, so a failing ZADD would leave the
+            # request-active marker of a request that was never queued.
+            raise SubmitError(f"queue key {self.queue!r} holds a {kind}, not a sorted set")
         commands: list[list[Arg]] = []
         tokens: list[str] = []
         for request in requests:

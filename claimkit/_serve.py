@@ -10,7 +10,7 @@ import trio
 from ._config import Config, ConfigError
 from ._consumer import Consumer, Summary
 from ._health import serve_http
-from ._store import open_store
+from ._store import Store, StoreUnavailable, open_store
 
 __all__ = ["serve_forever"]
 
@@ -25,6 +25,23 @@ async def _signals(consumer: Consumer, *, task_status: trio.TaskStatus[None]) ->
             consumer.request_stop()
 
 
+async def _preflight(store: Store, config: Config) -> None:
+    """Refuse to start on a mistake that retrying cannot mend: a wrong password (StoreError)
+    or a queue key of another type. Redis merely unreachable is not one of them: the
+    consumer starts and retries until it answers (SPEC §5)."""
+    try:
+        kinds = await store.pipeline(
+            [["PING"], *(["TYPE", q.queue_name] for q in config.queues)], transaction=False
+        )
+    except StoreUnavailable as exc:
+        log.warning("claimkit: Redis is unavailable at start (%s); retrying until it answers", exc)
+        return
+    for q, kind in zip(config.queues, kinds[1:], strict=True):
+        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+        if kind not in ("zset", "none"):
+            raise ConfigError(f"queue key {q.queue_name!r} holds a {kind}, not a sorted set")
+
+
 async def serve_forever(config: Config, *, backend: str = "coredis") -> Summary:
     """Run the consumer until SIGTERM/SIGINT and return its summary.
 
@@ -32,6 +49,7 @@ async def serve_forever(config: Config, *, backend: str = "coredis") -> Summary:
         ConfigError: a port is taken or a gate is misconfigured (one line).
     """
     async with open_store(config.url, backend=backend) as store:
+        await _preflight(store, config)
         try:
             consumer = Consumer(config, store)
         except ValueError as exc:

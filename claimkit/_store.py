@@ -75,22 +75,37 @@ class Store(Protocol):
 
 # scheme://user:password@ -- the password runs to the last '@' of the URL (it may hold '@').
 _PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(\S*)(@)")
+# ?password=... (or &password=...), which redis URLs accept as well.
+_QUERY_PASSWORD = re.compile(r"([?&](?:password|pass|pwd)=)([^&#\s'\"]*)", re.IGNORECASE)
 
 
-def redact_url(url: str) -> str:
-    """``redis://user:secret@host`` -> ``redis://user:***@host``; other URLs unchanged."""
-    return _PASSWORD.sub(r"\1***\3", url)
+def redact_url(text: str) -> str:
+    """Mask every password of a Redis URL in ``text``: ``redis://user:secret@host`` ->
+    ``redis://user:***@host`` and ``?password=secret`` -> ``?password=***``."""
+    return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\1***\3", text))
 
 
 def check_url(url: str) -> None:
-    """Raise ``ValueError`` with one line when ``url`` is not a Redis URL."""
+    """Raise ``ValueError`` with one line when ``url`` is not a usable Redis URL."""
     parts = urlsplit(url)
+    shown = redact_url(url)
     if parts.scheme not in {"redis", "rediss", "unix"}:
         raise ValueError(
-            f"Redis URL must start with redis://, rediss:// or unix://, got {redact_url(url)!r}"
+            f"Redis URL must start with redis://, rediss:// or unix://, got {shown!r}"
         )
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ValueError(f"Redis URL has no host: {redact_url(url)!r}")
+    if parts.scheme == "unix":
+        return
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        raise ValueError(f"Redis URL has a bad port: {shown!r}") from None
+    if not host:
+        raise ValueError(f"Redis URL has no host: {shown!r}")
+    if port == 0:
+        raise ValueError(f"Redis URL has a bad port: {shown!r}")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(f"Redis URL database must be a number, got {db!r} in {shown!r}")
 
 
 def check_keys(script: Script, keys: Sequence[str]) -> None:

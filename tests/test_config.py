@@ -79,6 +79,55 @@ def test_zero_means_default_but_not_for_max_deliveries_and_ports() -> None:
     )
     assert (c.batch_size, c.claim_lease_ttl_seconds) == (10, 300.0)
     assert (c.max_deliveries, c.metrics_port, c.health_port) == (0, 0, 0)
+    # SPEC §1: a dedup TTL of 0 is a marker that never expires, not the 6 h default.
+    assert load({"queues": [QUEUE], "result_dedup_ttl_seconds": 0}).result_dedup_ttl_seconds == 0
+
+
+def test_unknown_fields_are_listed() -> None:
+    c = load({"queues": [{**QUEUE, "gate": "x"}], "claim_lease_ttl_second": 5})
+    assert c.unknown_fields == ("claim_lease_ttl_second", "queues[0].gate")
+    assert c.claim_lease_ttl_seconds == 300.0
+    assert load({"queues": [QUEUE]}).unknown_fields == ()
+
+
+@pytest.mark.parametrize(
+    ("base", "ok"),
+    [
+        ("http://h:99999", False),
+        ("http://[::1", False),
+        ("http://h:0", False),
+        ("https://h", True),
+        ("http://[::1]:8000/base", True),
+    ],
+)
+def test_gateway_url_is_checked(base: str, ok: bool) -> None:
+    doc = {"queues": [{"queue_name": "q", "igw_base_url": base}]}
+    if ok:
+        assert load(doc).queues[0].igw_base_url == base
+    else:
+        with pytest.raises(ConfigError, match=r"^queues\[0\]\.igw_base_url must be an http"):
+            load(doc)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://:pw@h:notaport/0", "Redis URL has a bad port: 'redis://:***@h:notaport/0'"),
+        ("redis://:pw@h:99999/0", "Redis URL has a bad port: 'redis://:***@h:99999/0'"),
+        ("redis://h/abc", "Redis URL database must be a number, got 'abc' in 'redis://h/abc'"),
+    ],
+)
+def test_bad_redis_urls(url: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"queues": [QUEUE], "url": url})
+    assert str(info.value) == message
+
+
+def test_non_utf8_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_bytes(b"\xff\xfe{")
+    with pytest.raises(ConfigError, match="is not UTF-8 text$"):
+        load_config(path=path, environ=ENV)
 
 
 def test_file_config(tmp_path: Path) -> None:
@@ -106,7 +155,8 @@ def test_file_config(tmp_path: Path) -> None:
         ({"queues": [{"queue_name": "q"}]}, "queues[0].igw_base_url is required"),
         (
             {"queues": [{"queue_name": "q", "igw_base_url": "ftp://g"}]},
-            "queues[0].igw_base_url must be an http:// or https:// URL, got 'ftp://g'",
+            "queues[0].igw_base_url must be an http:// or https:// URL with a valid host and"
+            " port, got 'ftp://g'",
         ),
         ({"queues": [QUEUE, QUEUE]}, "queue_name 'q' is listed twice"),
         (
@@ -162,3 +212,25 @@ def test_unknown_queue_lookup() -> None:
     assert c.queue("q") is c.queues[0]
     with pytest.raises(ConfigError, match=r"^unknown queue 'x' \(configured: q\)$"):
         c.queue("x")
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("redis://user:secret@host:1/0", "redis://user:***@host:1/0"),
+        ("redis://:p@ss@h/0", "redis://:***@h/0"),
+        ("redis://h:1/0?password=s3cret&db=1", "redis://h:1/0?password=***&db=1"),
+        (
+            "got 'rediss://a:b@h' and 'redis://c:d@e'",
+            "got 'rediss://a:***@h' and 'redis://c:***@e'",
+        ),
+        (
+            "Redis URL must start with redis://, got 'http://h:1'",
+            "Redis URL must start with redis://, got 'http://h:1'",
+        ),
+    ],
+)
+def test_passwords_are_masked(text: str, shown: str) -> None:
+    from claimkit._store import redact_url
+
+    assert redact_url(text) == shown

@@ -334,7 +334,7 @@ def test_record_from_json() -> None:
 
 
 class RecordingStore:
-    """Records pipeline calls and delegates to a real store."""
+    """Records MULTI/EXEC pipelines and delegates to a real store."""
 
     def __init__(self, inner: Store) -> None:
         self.inner, self.url = inner, inner.url
@@ -344,7 +344,9 @@ class RecordingStore:
         return await self.inner.command(*args)
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
-        self.pipelines.append(([list(c) for c in commands], transaction))
+        # Only writes are recorded: the producer's read-only check (TIME, TYPE) is not one.
+        if transaction:
+            self.pipelines.append(([list(c) for c in commands], transaction))
         return await self.inner.pipeline(commands, transaction=transaction)
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
@@ -514,3 +516,12 @@ async def test_results_read_oldest_first(store: Store) -> None:
         assert await store.command("LLEN", "out") == 3
         assert await producer.results(10) == records
         assert await producer.results(10) == []
+
+
+async def test_submit_to_a_key_of_another_type_writes_nothing(store: Store) -> None:
+    with trio.fail_after(10):
+        await store.command("SET", "not-a-queue", "x")
+        with pytest.raises(SubmitError) as info:
+            await Producer(store, "not-a-queue").submit({"id": "a", "deadline": 1893456000})
+        assert str(info.value) == "queue key 'not-a-queue' holds a string, not a sorted set"
+        assert await store.command("KEYS", "*") == [b"not-a-queue"]

@@ -297,3 +297,26 @@ def test_sim_survives_clients_that_hang_up_mid_request(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait(10)
+
+
+async def test_serve_refuses_a_queue_key_of_another_type(redis_url: str) -> None:
+    async with open_store(redis_url) as store:
+        await store.command("SET", Q, "oops")
+    proc = await trio.run_process(
+        [
+            CLAIMKIT,
+            "serve",
+            "--metrics-port",
+            "0",
+            "--health-port",
+            "0",
+            "--transport-config",
+            json.dumps({"queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}]}),
+        ],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env={**os.environ, "REDIS_URL": redis_url},
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == f"claimkit: queue key '{Q}' holds a string, not a sorted set\n"
