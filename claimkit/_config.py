@@ -8,6 +8,7 @@ a flag applies only where the JSON does not set the field; ``url`` falls back to
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ from ._store import check_url
 __all__ = ["Config", "ConfigError", "QueueConfig", "load_config"]
 
 DEFAULT_MAX_DELIVERIES = 10
+MAX_NUMBER = 2**31 - 1
+"""The largest value any numeric field takes (24.8 days in ms, 68 years in seconds)."""
 GATE_TYPES = ("constant", "redis", "local-max-concurrency")
 
 
@@ -67,6 +70,8 @@ class Config:
     drain_timeout_seconds: float = 10.0
     metrics_port: int = 9090
     health_port: int = 8081
+    unknown_fields: tuple[str, ...] = ()
+    """Fields of the JSON claimkit does not know (ignored; the CLI warns about each)."""
 
     @property
     def heartbeat_interval_seconds(self) -> float:
@@ -96,14 +101,38 @@ _NUMERIC: dict[str, tuple[type, float]] = {
     "metrics_port": (int, 9090),
     "health_port": (int, 8081),
 }
-_ZERO_IS_ZERO = {"max_deliveries", "metrics_port", "health_port"}
+# SPEC §6 says 0 means the default, but three fields give 0 a meaning of its own: unlimited
+# deliveries (§3.7), a dedup marker with no TTL (§1), a server turned off (§6).
+_ZERO_IS_ZERO = {"max_deliveries", "result_dedup_ttl_seconds", "metrics_port", "health_port"}
 _PORTS = {"metrics_port", "health_port"}
+
+
+_TOP_LEVEL = {"url", "result_queue_name", "retry_queue_name", "queues", *_NUMERIC}
+_QUEUE_FIELDS = {
+    "queue_name",
+    "id",
+    "igw_base_url",
+    "request_path_url",
+    "inference_objective",
+    "result_queue_name",
+    "gate_type",
+    "gate_params",
+    "labels",
+}
 
 
 def _number(name: str, value: Any) -> float | int:
     kind, default = _NUMERIC[name]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{name} must be a number, got {json.dumps(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON text may say NaN or Infinity (json.loads takes both): a NaN lease would fail
+        # every claim script, an infinite one every renewal.
+        raise ConfigError(f"{name} must be a finite number, got {value}")
+    if value > MAX_NUMBER:
+        # Beyond what Redis takes as a count or an expiry (a huge dedup TTL fails every
+        # ack's SET EX, a huge batch_size every peek's LIMIT): refuse it here, in one line.
+        raise ConfigError(f"{name} must be at most {MAX_NUMBER}, got {value}")
     if kind is int and isinstance(value, float):
         if not value.is_integer():
             raise ConfigError(f"{name} must be a whole number, got {value}")
@@ -144,9 +173,16 @@ def _queue(i: int, raw: Any) -> QueueConfig:
     name = _string(f"{where}.queue_name", raw.get("queue_name"), required=True)
     base = _string(f"{where}.igw_base_url", raw.get("igw_base_url"), required=True)
     assert name is not None and base is not None
-    parts = urlsplit(base)
-    if parts.scheme not in {"http", "https"} or not parts.netloc:
-        raise ConfigError(f"{where}.igw_base_url must be an http:// or https:// URL, got {base!r}")
+    try:
+        parts = urlsplit(base)
+        port = parts.port
+    except ValueError:
+        parts, port = None, 0
+    if parts is None or port == 0 or parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ConfigError(
+            f"{where}.igw_base_url must be an http:// or https:// URL with a valid host and port,"
+            f" got {base!r}"
+        )
     gate = _string(f"{where}.gate_type", raw.get("gate_type")) or "constant"
     if gate not in GATE_TYPES:
         raise ConfigError(f"{where}.gate_type must be one of {', '.join(GATE_TYPES)}, got {gate!r}")
@@ -198,6 +234,8 @@ def load_config(
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path} is not UTF-8 text") from None
     raw: Any = {}
     if text is not None and text.strip():
         try:
@@ -208,6 +246,10 @@ def load_config(
             ) from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{source} must hold a JSON object")
+    unknown = [k for k in raw if k not in _TOP_LEVEL]
+    for i, q in enumerate(raw.get("queues") or []):
+        if isinstance(q, dict):
+            unknown += [f"queues[{i}].{k}" for k in q if k not in _QUEUE_FIELDS]
     merged: dict[str, Any] = {k: v for k, v in (flags or {}).items() if v is not None}
     merged.update({k: v for k, v in raw.items() if v is not None})
 
@@ -248,4 +290,4 @@ def load_config(
         seen_names.add(q.queue_name)
         seen_ids.add(q.queue_id)
 
-    return Config(url=url, queues=queues, **values)
+    return Config(url=url, queues=queues, unknown_fields=tuple(unknown), **values)
