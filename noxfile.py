@@ -44,6 +44,44 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks under bench/ (figures go into docs/performance.md)."""
-    session.install(".")
+    """Benchmarks under bench/: prints the tables of docs/performance.md, writes bench/results/.
+
+    ``nox -s bench`` runs the HTTP-client comparison and the protocol benchmarks
+    (``bench/protocol.py``; posargs go to it, e.g. ``-- heartbeat --runs 5``). With
+    ``CLAIMKIT_PEERS=1`` it first runs the peers harness with claimkit added (~30-45 min on
+    2 cores; ``CLAIMKIT_PEERS_DIR`` points at the harness, default ``/work/shared/peers``).
+    """
+    session.install(".[redispy]")
+    python = os.path.join(session.bin, "python")
+    if os.environ.get("CLAIMKIT_PEERS"):
+        peers = os.environ.get("CLAIMKIT_PEERS_DIR", "/work/shared/peers")
+        runner = os.path.abspath("bench/peers_runner.py")
+        session.run(
+            "bash",
+            os.path.join(peers, "run.sh"),
+            "--systems",
+            "saq,arq,arq-poll0,rq,bullmq,calib-coredis",
+            "--add",
+            f"claimkit={python} {runner}",
+            "--add",
+            f"claimkit-redispy=env CLAIMKIT_BACKEND=redispy {python} {runner}",
+            "--md",
+            "bench/results/peers-full.md",
+            "--json",
+            os.path.abspath("bench/results/peers-full.json"),
+            external=True,
+        )
+    session.run("python", "bench/dispatch_paths.py")
     session.run("python", "bench/protocol.py", *session.posargs)
+    session.run("python", "bench/report.py")
+
+
+@nox.session(python=PYTHON)
+def chaos(session: nox.Session) -> None:
+    """The chaos harness (docs/reliability.md): faults injected, lost = 0, duplicates = 0.
+
+    ``nox -s chaos`` is the default run (about 3 minutes); options go after ``--``, e.g.
+    ``nox -s chaos -- --seed 7 --requests 10000 --duration 300 --kills 20 --redis-crashes 2``.
+    """
+    session.install(".")
+    session.run("python", "bench/chaos.py", *session.posargs)

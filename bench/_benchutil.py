@@ -47,12 +47,15 @@ def machine() -> dict[str, object]:
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = None
     try:
-        redis_v = subprocess.run(["redis-server", "--version"], capture_output=True,
-                                 text=True).stdout.strip()
+        redis_v = subprocess.run(
+            ["redis-server", "--version"], capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         redis_v = None
     try:
-        node_v = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+        node_v = subprocess.run(
+            ["node", "--version"], capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         node_v = None
     return {

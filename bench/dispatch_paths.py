@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -56,9 +55,21 @@ def cpu() -> float:
 def run_candidate(name: str, url: str, n: int, conc: int) -> dict[str, float]:
     """Run in a fresh interpreter so one client's garbage does not tax the next."""
     out = subprocess.run(
-        [sys.executable, __file__, "--one", name, "--url", url, "--n", str(n),
-         "--concurrency", str(conc)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            "--url",
+            url,
+            "--n",
+            str(n),
+            "--concurrency",
+            str(conc),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -77,8 +88,9 @@ async def one(name: str, url: str, n: int, conc: int) -> dict[str, float]:
         elif name == "httpx-claimkit-0.1":
             client = httpx.AsyncClient(
                 follow_redirects=False,
-                limits=httpx.Limits(max_connections=conc, max_keepalive_connections=conc,
-                                    keepalive_expiry=30.0),
+                limits=httpx.Limits(
+                    max_connections=conc, max_keepalive_connections=conc, keepalive_expiry=30.0
+                ),
                 timeout=httpx.Timeout(300.0),
             )
         else:
@@ -101,9 +113,13 @@ async def one(name: str, url: str, n: int, conc: int) -> dict[str, float]:
         hdrs = [(b"Content-Type", b"application/json"), (b"Host", url.split("/")[2].encode())]
 
         async def post() -> int:
-            r = await pool.request("POST", url, headers=hdrs, content=BODY,
-                                   extensions={"timeout": {"connect": 10, "read": 10, "write": 10,
-                                                           "pool": 10}})
+            r = await pool.request(
+                "POST",
+                url,
+                headers=hdrs,
+                content=BODY,
+                extensions={"timeout": {"connect": 10, "read": 10, "write": 10, "pool": 10}},
+            )
             return r.status
 
         async def close() -> None:
@@ -131,9 +147,13 @@ async def one(name: str, url: str, n: int, conc: int) -> dict[str, float]:
         base, _, path = url.partition("/v1/")
         target = Target(base, "/v1/" + path)
         payload = json.loads(BODY)
-        member = json.dumps({"internal": {}, "request_kind": "plain",
-                             "data": {"id": "r", "deadline": int(time.time()) + 3600,
-                                      "payload": payload}}).encode()
+        member = json.dumps(
+            {
+                "internal": {},
+                "request_kind": "plain",
+                "data": {"id": "r", "deadline": int(time.time()) + 3600, "payload": payload},
+            }
+        ).encode()
         env = parse_member(member)
         assert isinstance(env, Envelope)
         rng = random.Random(1)
@@ -198,12 +218,25 @@ async def one(name: str, url: str, n: int, conc: int) -> dict[str, float]:
             nursery.start_soon(loop)
     dt, used = time.perf_counter() - t0, cpu() - c0
     await close()
-    return {"name": name, "n": n, "concurrency": conc, "rps": n / dt,
-            "cpu_ms_per_req": used / n * 1000, "statuses": {str(k): v for k, v in statuses.items()}}
+    return {
+        "name": name,
+        "n": n,
+        "concurrency": conc,
+        "rps": n / dt,
+        "cpu_ms_per_req": used / n * 1000,
+        "statuses": {str(k): v for k, v in statuses.items()},
+    }
 
 
-CANDIDATES = ["httpx-default", "httpx-claimkit-0.1", "httpx-keepalive-10", "httpcore",
-              "claimkit-h11", "claimkit-dispatch", "raw-floor"]
+CANDIDATES = [
+    "httpx-default",
+    "httpx-claimkit-0.1",
+    "httpx-keepalive-10",
+    "httpcore",
+    "claimkit-h11",
+    "claimkit-dispatch",
+    "raw-floor",
+]
 
 
 def main() -> None:
@@ -225,8 +258,11 @@ def main() -> None:
         return
 
     port = free_port()
-    gw = subprocess.Popen(["taskset", "-c", "1", "node", str(PEERS_DIR / "gateway.js"), str(port)],
-                          stdout=subprocess.PIPE, text=True)
+    gw = subprocess.Popen(
+        ["taskset", "-c", "1", "node", str(PEERS_DIR / "gateway.js"), str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert gw.stdout is not None and "listening" in gw.stdout.readline()
         url = f"http://127.0.0.1:{port}/v1/completions"
@@ -236,28 +272,48 @@ def main() -> None:
             for name in names:
                 r = run_candidate(name, url, args.n, args.concurrency)
                 results[name].append(r)
-                print(f"  run {rep + 1} {name:20s} {r['rps']:8.0f} req/s "
-                      f"{r['cpu_ms_per_req']:.3f} ms CPU/req", file=sys.stderr)
+                print(
+                    f"  run {rep + 1} {name:20s} {r['rps']:8.0f} req/s "
+                    f"{r['cpu_ms_per_req']:.3f} ms CPU/req",
+                    file=sys.stderr,
+                )
     finally:
         gw.terminate()
         gw.wait()
 
     rows = []
     print(f"\n{args.runs} runs each, n={args.n}, concurrency={args.concurrency}; medians (min-max)")
-    print(f"| client | requests/s | CPU ms/request |\n|---|---:|---:|")
+    print("| client | requests/s | CPU ms/request |\n|---|---:|---:|")
     for name in names:
         rs = [r["rps"] for r in results[name]]
         cs = [r["cpu_ms_per_req"] for r in results[name]]
-        row = {"client": name, "rps_median": statistics.median(rs), "rps_min": min(rs),
-               "rps_max": max(rs), "cpu_ms_median": statistics.median(cs), "cpu_ms_min": min(cs),
-               "cpu_ms_max": max(cs)}
+        row = {
+            "client": name,
+            "rps_median": statistics.median(rs),
+            "rps_min": min(rs),
+            "rps_max": max(rs),
+            "cpu_ms_median": statistics.median(cs),
+            "cpu_ms_min": min(cs),
+            "cpu_ms_max": max(cs),
+        }
         rows.append(row)
-        print(f"| {name} | {row['rps_median']:,.0f} ({min(rs):,.0f}-{max(rs):,.0f}) | "
-              f"{row['cpu_ms_median']:.3f} ({min(cs):.3f}-{max(cs):.3f}) |")
+        print(
+            f"| {name} | {row['rps_median']:,.0f} ({min(rs):,.0f}-{max(rs):,.0f}) | "
+            f"{row['cpu_ms_median']:.3f} ({min(cs):.3f}-{max(cs):.3f}) |"
+        )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"machine": machine(), "n": args.n,
-                                           "concurrency": args.concurrency, "runs": results,
-                                           "summary": rows}, indent=1))
+    Path(args.json).write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "n": args.n,
+                "concurrency": args.concurrency,
+                "runs": results,
+                "summary": rows,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {args.json}")
 
 

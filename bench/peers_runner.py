@@ -39,12 +39,12 @@ sys.path.insert(
     0, os.environ.get("CLAIMKIT_PEERS_RUNNERS", str(Path("/work/shared/peers/runners")))
 )
 
-import common  # noqa: E402  (the harness's runner protocol)
-import trio  # noqa: E402
+import common
+import trio
 
-from claimkit import Config, Consumer, Producer, QueueConfig, open_store  # noqa: E402
-from claimkit._dispatch import Done  # noqa: E402
-from claimkit._models import TerminalRecord  # noqa: E402
+from claimkit import Config, Consumer, Producer, QueueConfig, open_store
+from claimkit._dispatch import Done
+from claimkit._models import TerminalRecord
 
 BACKEND = os.environ.get("CLAIMKIT_BACKEND", "coredis")
 BATCH = int(os.environ.get("CLAIMKIT_BATCH", "10"))
@@ -85,7 +85,15 @@ def config_for(args) -> Config:  # type: ignore[no-untyped-def]
 
 async def work(args) -> None:  # type: ignore[no-untyped-def]
     meter = common.Meter(args.n)
-    meter.extra = lambda: {"backend": BACKEND, "batch_size": BATCH}
+    calls = [0]
+    wall_start = time.time()
+    meter.extra = lambda: {
+        "backend": BACKEND,
+        "batch_size": BATCH,
+        "round_trips": calls[0],  # store calls (commands, scripts, pipelines), when counted
+        "wall_start": wall_start,
+        "wall_end": time.time(),
+    }
 
     def settled(env, record):  # type: ignore[no-untyped-def]
         ok = record is not None and record.status_code == 200
@@ -98,9 +106,24 @@ async def work(args) -> None:  # type: ignore[no-untyped-def]
             return Done(TerminalRecord.http(env.id, 200, "{}"))
 
     async with open_store(args.redis, backend=BACKEND) as store:
+        if os.environ.get("CLAIMKIT_COUNT_CALLS"):
+            count_calls(store, calls)
         consumer = Consumer(config_for(args), store, handler=handler, on_settled=settled)
+        wall_start = time.time()
         meter.start()
         await consumer.run()
+
+
+def count_calls(store, calls: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Count every round trip the consumer makes (one per command, script or pipeline)."""
+    for name in ("command", "run", "pipeline"):
+        orig = getattr(store, name)
+
+        async def counted(*a, _orig=orig, **k):  # type: ignore[no-untyped-def]
+            calls[0] += 1
+            return await _orig(*a, **k)
+
+        setattr(store, name, counted)
 
 
 def main() -> None:

@@ -25,12 +25,13 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
+from . import _keys
 from ._dispatch import Done, Outcome, Retry, Target, dispatch, open_http_client
 from ._gates import Gate, GateError, make_gate
 from ._metrics import Metrics, QueueMetrics
@@ -56,6 +57,12 @@ CANCEL_GRACE_SECONDS = 1.0
 sweeping claims whose task ignores cancellation."""
 
 ACK_BATCH_MAX = 2000
+
+ACK_LINGER_SECONDS = 0.002
+"""How long the acker waits for more finished requests before it flushes a batch smaller
+than ``batch_size``. Without it, at ~1.5k requests/s an ack carries 2-3 records (0.4 ack
+scripts per request); with it, about ``batch_size``. Adds at most this to result latency
+(see docs/performance.md)."""
 
 Handler = Callable[["QueueRuntime", Envelope, float], Awaitable[Outcome]]
 """``(queue, envelope, server_now) -> Outcome``: what to do with one claimed request.
@@ -210,6 +217,9 @@ class Consumer:
         self._workers_done = trio.Event()
         self._acker_done = trio.Event()
         self._own_http = http_client is None and handler is None
+        self._reserved = _keys.reserved_keys(
+            [q.queue_name for q in config.queues], config.retry_queue_name
+        )
 
     # -- public ------------------------------------------------------------------------------
 
@@ -389,6 +399,7 @@ class Consumer:
         invalid: list[Invalid] = []
         for raw in members:
             parsed = parse_member(raw)
+            parsed = self._misrouted(q, parsed)
             if isinstance(parsed, Envelope):
                 valid.append(parsed)
             else:
@@ -417,7 +428,7 @@ class Consumer:
         pairs = [(env, new_token()) for env in candidates]
         server_now, codes = await q.ops.claim(pairs, self.config.claim_lease_ttl_seconds)
         self._offset = server_now - time.time()
-        claimed = 0
+        batch: list[tuple[_Held, object]] = []
         for (env, token), code in zip(pairs, codes, strict=True):
             if code not in (ClaimCode.CLAIMED, ClaimCode.CANCELLED):
                 continue
@@ -428,17 +439,40 @@ class Consumer:
                 # the earlier task's result would be a duplicate, like a stolen claim's.
                 self._drop_lost(q, stale, "released")
             q.held[env.id] = held
-            claimed += 1
-            slot = slots.pop()
-            self._workers.start_soon(self._work, q, held, slot)
+            batch.append((held, slots.pop()))
+        claimed = len(batch)
         self.summary.claimed += claimed
         q.metrics.requests.inc(claimed)
         q.metrics.claim_depth.set(len(q.held))
+        # One worker at a time, each entering its dispatch before the next is started, so a
+        # poll batch is dispatched in deadline order (SPEC §3.1). With start_soon trio runs
+        # tasks started together in either order: half the batches went out reversed.
+        for i, (held, slot) in enumerate(batch):
+            try:
+                await self._workers.start(self._work, q, held, slot)
+            except BaseException:
+                for _later, unused in batch[i + 1 :]:
+                    self._slots.release_on_behalf_of(unused)
+                raise  # the claims not started stay held: the shutdown sweep returns them
         if len(members) < len(slots) + claimed:
             return True  # the queue had fewer than we asked for: it is drained for now
         # Claims lost to another consumer: poll again at once. Busy ids (a live claim on
         # the same id) stay pending until that claim ends: wait rather than spin on them.
         return ClaimCode.BUSY in codes and claimed == 0
+
+    def _misrouted(self, q: QueueRuntime, parsed: Envelope | Invalid) -> Envelope | Invalid:
+        """Keep records off keys claimkit uses for other things (SPEC §2.3 lets
+        ``internal.result_queue_name`` name any key; pushing a record onto an empty queue
+        key would re-create it as a list and break it for every request). Such a request
+        is dead-lettered; its record, and that of an invalid member naming such a key, goes
+        to the queue's or the global list."""
+        name = parsed.result_queue_name
+        if q.ops.result_list is not None or not name or not _keys.is_reserved(name, self._reserved):
+            return parsed
+        if isinstance(parsed, Invalid):
+            return replace(parsed, result_queue_name=None)
+        reason = f"Failed: internal.result_queue_name names a key claimkit uses: {name!r}"
+        return Invalid(parsed.raw, reason, parsed.id, parsed.request_token)
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -454,9 +488,19 @@ class Consumer:
             rng=self._rng,
         )
 
-    async def _work(self, q: QueueRuntime, held: _Held, slot: object) -> None:
+    async def _work(
+        self,
+        q: QueueRuntime,
+        held: _Held,
+        slot: object,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         env = held.env
         try:
+            # No checkpoint between here and the handler's first one: the poller resumes,
+            # and starts the next worker of the batch, only once this one is dispatching.
+            task_status.started()
             now = self.now()
             outcome: Outcome | None = None
             with trio.CancelScope() as scope:
@@ -508,8 +552,9 @@ class Consumer:
             # or is suppressed as a duplicate (SPEC §3.6).
             with trio.CancelScope(shield=True), trio.move_on_after(SWEEP_TIMEOUT_SECONDS):
                 await self._flush([job])
-            return
-        await job.done.wait()
+        # Not waiting for the ack: the worker slot bounds requests in flight to the gateway,
+        # and the acker (which retries while Redis is away) owns the job from here. The
+        # shutdown flushes the acker before the sweep, so the claim is acked, not released.
 
     # -- acker -----------------------------------------------------------------------------
 
@@ -518,6 +563,14 @@ class Consumer:
             async with self._ack_recv:
                 async for first in self._ack_recv:
                     batch = [first]
+                    # Linger briefly for a fuller batch: one script call per batch_size
+                    # records rather than one per 2-3 (docs/performance.md).
+                    with trio.move_on_after(ACK_LINGER_SECONDS):
+                        while len(batch) < self.config.batch_size:
+                            try:
+                                batch.append(await self._ack_recv.receive())
+                            except trio.EndOfChannel:
+                                break
                     while len(batch) < ACK_BATCH_MAX:
                         try:
                             batch.append(self._ack_recv.receive_nowait())
@@ -541,8 +594,12 @@ class Consumer:
                 else:
                     await self._ack(q, jobs)
             except StoreError as exc:
-                # A script error is a bug or a foreign key type: keep the claims (they lapse
-                # and are redelivered) and say so.
+                # Redis refused (out of memory, a script error): leave the claims to lapse
+                # so that any instance redelivers them. They must leave the registry too, or
+                # the heartbeat would renew them for ever with no task behind them.
+                for job in jobs:
+                    if q.held.get(job.held.env.id) is job.held:
+                        del q.held[job.held.env.id]
                 log.error("ack %s: %s; %d claims left to lapse", q.name, exc, len(jobs))
             finally:
                 for job in jobs:

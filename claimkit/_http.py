@@ -188,7 +188,7 @@ def _split(url: str) -> tuple[_Origin, bytes]:
 class _Conn:
     """One HTTP/1.1 connection: a trio stream and its h11 state machine."""
 
-    __slots__ = ("origin", "stream", "h11", "idle_since", "uses")
+    __slots__ = ("h11", "idle_since", "origin", "stream", "uses")
 
     def __init__(self, origin: _Origin, stream: trio.abc.Stream) -> None:
         self.origin = origin
@@ -475,7 +475,7 @@ class HttpClient:
                 continue  # 100 Continue and friends: the real head follows
             raise RemoteProtocolError(f"unexpected {type(event).__name__} before the response")
 
-    async def _next_event(self, conn: _Conn) -> h11.Event | type[h11.PAUSED]:
+    async def _next_event(self, conn: _Conn) -> h11.Event:
         h = conn.h11
         while True:
             try:
@@ -491,10 +491,11 @@ class HttpClient:
                     raise RemoteProtocolError(f"connection broke: {exc}") from None
                 if not data and h.their_state is h11.SEND_RESPONSE:
                     raise _EOFBeforeResponse("server closed the connection without a response")
-                h.receive_data(data)
+                h.receive_data(bytes(data))
                 continue
-            if event is h11.ConnectionClosed:
+            if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
                 raise RemoteProtocolError("server closed the connection mid-response")
+            assert not isinstance(event, type)
             return event
 
 

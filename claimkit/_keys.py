@@ -6,6 +6,7 @@ per-queue keys below are suffixes of it, so they hash to the same slot.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 RESULT_TERMINAL_PREFIX = "result-terminal:"
@@ -68,3 +69,27 @@ def claimed_score_field(request_id: str) -> str:
 def retry_dead(retry_set: str) -> str:
     """Where the retry mover puts a member it cannot route (claimkit addition)."""
     return retry_set + ":dead"
+
+
+def reserved_keys(queues: Iterable[str], retry_set: str) -> frozenset[str]:
+    """The keys claimkit keeps as something other than a result list, for ``queues`` and
+    ``retry_set``: every per-queue key (:class:`QueueKeys`) and both retry sets.
+
+    A request's ``internal.result_queue_name`` must not name one of these, nor a key with
+    one of the per-request prefixes (:func:`is_reserved`): while such a key is empty it does
+    not exist, and the record's ``LPUSH`` would re-create it as a list, breaking it for
+    every request that follows.
+    """
+    out = {retry_set, retry_dead(retry_set)}
+    for queue in queues:
+        k = QueueKeys.for_queue(queue)
+        out.update((k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead))
+    return frozenset(out)
+
+
+def is_reserved(name: str, reserved: frozenset[str]) -> bool:
+    """Whether ``name`` is a key of ``reserved`` or a per-request key (``result-terminal:``,
+    ``request-active:``, ``request-cancel:``)."""
+    return name in reserved or name.startswith(
+        (RESULT_TERMINAL_PREFIX, REQUEST_ACTIVE_PREFIX, REQUEST_CANCEL_PREFIX)
+    )

@@ -127,14 +127,23 @@ def _salvage(raw: bytes) -> tuple[str | None, str, str | None]:
         return None, "", None
     data = doc.get("data")
     internal = doc.get("internal")
-    rid = data.get("id") if isinstance(data, dict) else None
-    token = internal.get("request_token") if isinstance(internal, dict) else None
-    rq = internal.get("result_queue_name") if isinstance(internal, dict) else None
-    return (
-        rid if isinstance(rid, str) and rid else None,
-        token if isinstance(token, str) else "",
-        rq if isinstance(rq, str) and rq else None,
-    )
+    rid = _utf8(data.get("id")) if isinstance(data, dict) else None
+    token = _utf8(internal.get("request_token")) if isinstance(internal, dict) else None
+    rq = _utf8(internal.get("result_queue_name")) if isinstance(internal, dict) else None
+    return rid or None, token or "", rq or None
+
+
+def _utf8(value: object) -> str | None:
+    """``value`` if it is a string that can be written as UTF-8, else ``None``. JSON text may
+    escape a lone surrogate (``"\\ud800"``), which ``json.loads`` accepts; no Redis key or
+    record can carry it (writing one raised and took the whole consumer down)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return None
+    return value
 
 
 def parse_member(raw: bytes) -> Envelope | Invalid:
@@ -158,7 +167,10 @@ def parse_member(raw: bytes) -> Envelope | Invalid:
             reason = f"Failed: invalid request: {text}"
         return Invalid(raw, reason, rid, token, rq)
     except msgspec.DecodeError as exc:
-        return Invalid(raw, f"Failed: request is not valid JSON: {exc}", None)
+        # Stricter than json.loads (a lone surrogate escape anywhere, say): the id may
+        # still be readable, and then the request gets its INVALID_REQUEST record.
+        rid, token, rq = _salvage(raw)
+        return Invalid(raw, f"Failed: request is not valid JSON: {exc}", rid, token, rq)
     data, internal = wire.data, wire.internal
     return Envelope(
         raw=raw,

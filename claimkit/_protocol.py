@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHUNK",
+    "RENEW_CHUNK",
     "AckItem",
     "ClaimCode",
     "QueueOps",
@@ -33,7 +34,12 @@ __all__ = [
 ]
 
 CHUNK = 500
-"""Items per script call. 500 claims renew in about 1 ms of Redis time."""
+"""Items per script call. A chunk keeps one script near or under ~5 ms of Redis time."""
+
+RENEW_CHUNK = 1000
+"""Claims per renew call. ``lua/renew-2.lua`` costs ~3.5-5 us of Redis time per claim (half
+of it is only Redis building the script's ARGV), so 1000 claims stay near ~5 ms and a tick
+for 10k held claims takes 10 calls (docs/performance.md, "Heartbeat")."""
 
 T = TypeVar("T")
 
@@ -123,6 +129,12 @@ class QueueOps:
         """The destination list of a request's record (SPEC §2.3)."""
         return self.result_list or member_result_list or self.default_result_list
 
+    @property
+    def fallback_result_list(self) -> str:
+        """Where a record goes when the list a member names holds another type of key: the
+        queue's list, else the global one (the scripts check the type as they push)."""
+        return self.result_list or self.default_result_list
+
     # -- §3.1 peek ---------------------------------------------------------------------------
 
     async def peek(self, count: int) -> list[bytes]:
@@ -137,7 +149,7 @@ class QueueOps:
         each whose id was readable. Returns ``(moved, records_pushed)``."""
         moved = pushed = 0
         for chunk in _chunks(invalid):
-            args: list[Arg] = [self.dedup_ttl]
+            args: list[Arg] = [self.dedup_ttl, self.fallback_result_list]
             for bad in chunk:
                 if bad.id is None:
                     args += [bad.raw, "", "", "", ""]
@@ -193,7 +205,7 @@ class QueueOps:
         """
         now = 0.0
         codes: list[int] = []
-        for chunk in _chunks(claims):
+        for chunk in _chunks(claims, RENEW_CHUNK):
             args: list[Arg] = [repr(float(lease_ttl))]
             for rid, token, deadline in chunk:
                 args += [rid, token, deadline]
@@ -211,7 +223,7 @@ class QueueOps:
         out: list[tuple[bool, bool]] = []
         k = self.keys
         for chunk in _chunks(items):
-            args: list[Arg] = [self.dedup_ttl]
+            args: list[Arg] = [self.dedup_ttl, self.fallback_result_list]
             for it in chunk:
                 args += [
                     it.id,

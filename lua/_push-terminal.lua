@@ -5,13 +5,27 @@
 -- The marker then holds the token (or "1" when the request has none).
 --
 -- marker_key: result-terminal:<id>; result_key: the result list; record: JSON bytes;
--- gen_token: internal.request_token or ""; dedup_ttl: whole seconds, 0 = no expiry.
+-- gen_token: internal.request_token or ""; dedup_ttl: whole seconds, 0 = no expiry;
+-- fallback_key: the list used instead when result_key cannot take the record.
 -- Returns 1 when pushed, 0 when suppressed as a duplicate.
-local function push_terminal(marker_key, result_key, record, gen_token, dedup_ttl)
+--
+-- A member's internal.result_queue_name may name any key (SPEC §2.3). One that holds
+-- another type would fail the LPUSH after earlier writes of the same script (a script is
+-- not rolled back): the record goes to fallback_key instead. So does one aimed at its own
+-- marker key (the SET below would overwrite the list) or at one of the calling script's
+-- KEYS (the queue's own keys: while empty they do not exist, and the LPUSH would turn one
+-- into a list, breaking the queue).
+local function push_terminal(marker_key, result_key, record, gen_token, dedup_ttl, fallback_key)
   local prev = redis.call('GET', marker_key)
   if prev and (prev == '1' or gen_token == '' or prev == gen_token) then
     return 0
   end
+  local kind = redis.call('TYPE', result_key)['ok']
+  local usable = result_key ~= marker_key and (kind == 'list' or kind == 'none')
+  for _, key in ipairs(KEYS) do
+    if key == result_key then usable = false end
+  end
+  if not usable then result_key = fallback_key end
   redis.call('LPUSH', result_key, record)
   local value = gen_token
   if value == '' then value = '1' end

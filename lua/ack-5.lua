@@ -1,11 +1,16 @@
 --[[
   Ack: push each terminal record once and drop its claim, in one step (SPEC §3.4).
 
-  The record is pushed under the generation-aware dedup marker whether or not the caller
-  still owns the claim (the work is done; losing its record is the one thing not allowed).
-  The claim is deleted only when the caller's token still owns it. When the caller no
-  longer owns it and the same member was redelivered to pending meanwhile, that copy is
-  withdrawn: its generation already has its record.
+  A record is pushed (under the generation-aware dedup marker) only together with the
+  removal of the request's one live copy, so a request is never both recorded and still
+  pending, claimed or parked:
+  - the caller's token still owns the claim: push, and delete the claim;
+  - the caller lost the claim but the exact member is back in pending (swept, drained or
+    reclaimed, and nobody took it yet): push, and withdraw that pending copy, so it is not
+    run again;
+  - otherwise the request lives on under another owner's claim or in the retry set, or is
+    done: the caller's result is a late duplicate (a stalled owner whose lease lapsed) and
+    is suppressed. Whoever holds the request now writes its record.
 
   Input:
     KEYS[1] pending ZSET           <q>
@@ -15,29 +20,32 @@
     KEYS[5] deliveries HASH        <q>:deliveries
 
     ARGV[1] dedup ttl, whole seconds (0 = markers never expire)
+    ARGV[2] fallback result list: where a record goes when its own list holds another type
     then seven per request, repeated:
       id, token (ownership token), gen_token (internal.request_token or ""),
       marker_key (result-terminal:<id>), result_key (result list), record (JSON),
       member (the exact claimed bytes)
 
   Output: { pushed_1, owned_1, ..., pushed_n, owned_n } where pushed is 1 (record pushed)
-    or 0 (suppressed duplicate) and owned is 1 (claim deleted) or 0 (not ours any more).
+    or 0 (suppressed: a duplicate, or a late result of a request that lives on elsewhere)
+    and owned is 1 (claim deleted) or 0 (not ours any more).
 ]]
 -- @include _push-terminal
 -- @include _drop-claim
 
-local dedup_ttl = tonumber(ARGV[1])
+local dedup_ttl, fallback = tonumber(ARGV[1]), ARGV[2]
 local out = {}
 
-for i = 2, #ARGV, 7 do
+for i = 3, #ARGV, 7 do
   local id, token, gen_token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local pushed = push_terminal(ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], gen_token, dedup_ttl)
-  local owned = 0
+  local pushed, owned = 0, 0
   if redis.call('HGET', KEYS[3], id) == token then
+    pushed = push_terminal(ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], gen_token, dedup_ttl, fallback)
     drop_claim(KEYS[2], KEYS[3], KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
     owned = 1
   elseif redis.call('ZREM', KEYS[1], ARGV[i + 6]) == 1 then
+    pushed = push_terminal(ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], gen_token, dedup_ttl, fallback)
     redis.call('HDEL', KEYS[5], id)
   end
   out[#out + 1] = pushed

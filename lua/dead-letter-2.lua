@@ -9,6 +9,7 @@
     KEYS[2] dead ZSET              <q>:dead
 
     ARGV[1] dedup ttl, whole seconds (0 = no expiry)
+    ARGV[2] fallback result list: where a record goes when its own list holds another type
     then five per member, repeated:
       member (exact bytes), gen_token ("" when unreadable), marker_key ("" = no record),
       result_key, record (JSON)
@@ -19,18 +20,18 @@
 -- @include _server-now
 -- @include _push-terminal
 
-local dedup_ttl = tonumber(ARGV[1])
+local dedup_ttl, fallback = tonumber(ARGV[1]), ARGV[2]
 local now = server_now()
 local out = {}
 
-for i = 2, #ARGV, 5 do
+for i = 3, #ARGV, 5 do
   local member, marker_key = ARGV[i], ARGV[i + 2]
   local moved, pushed = 0, 0
   if redis.call('ZREM', KEYS[1], member) == 1 then
     redis.call('ZADD', KEYS[2], now, member)
     moved = 1
     if marker_key ~= '' then
-      pushed = push_terminal(marker_key, ARGV[i + 3], ARGV[i + 4], ARGV[i + 1], dedup_ttl)
+      pushed = push_terminal(marker_key, ARGV[i + 3], ARGV[i + 4], ARGV[i + 1], dedup_ttl, fallback)
     end
   end
   out[#out + 1] = moved

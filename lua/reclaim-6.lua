@@ -18,7 +18,8 @@
     ARGV[2] max_deliveries (0 = unlimited)
     ARGV[3] the queue's configured result list, or "" (then the member's
             internal.result_queue_name, then ARGV[4])
-    ARGV[4] the global result list
+    ARGV[4] the global result list (also where a record goes when its own list holds
+            another type)
     ARGV[5] dedup marker prefix "result-terminal:"
     ARGV[6] dedup ttl, whole seconds (0 = no expiry)
 
@@ -60,7 +61,7 @@ for _, id in ipairs(expired) do
       local record = '{"id":' .. cjson.encode(id)
         .. ',"payload":' .. cjson.encode(cjson.encode({ error = message }))
         .. ',"error_code":"MAX_DELIVERIES_EXCEEDED","error_message":' .. cjson.encode(message) .. '}'
-      push_terminal(ARGV[5] .. id, result_key, record, gen_token, tonumber(ARGV[6]))
+      push_terminal(ARGV[5] .. id, result_key, record, gen_token, tonumber(ARGV[6]), ARGV[4])
       dead = dead + 1
     else
       redis.call('ZADD', KEYS[1], score, member)

@@ -126,7 +126,7 @@ def test_bad_redis_urls(url: str, message: str) -> None:
 def test_non_utf8_config_file(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     path.write_bytes(b"\xff\xfe{")
-    with pytest.raises(ConfigError, match="is not UTF-8 text$"):
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text$"):
         load_config(path=path, environ=ENV)
 
 

@@ -237,9 +237,7 @@ async def test_200_from_simulator(nursery: trio.Nursery, client: HttpClient) -> 
     assert app.stats()["calls_by_id"] == {"r-7": 1}
 
 
-async def test_endpoint_overrides_queue_path(
-    nursery: trio.Nursery, client: HttpClient
-) -> None:
+async def test_endpoint_overrides_queue_path(nursery: trio.Nursery, client: HttpClient) -> None:
     url, _ = await start_sim(nursery, SimConfig())
     with trio.fail_after(TIMEOUT):
         env = make_env(payload={"messages": []}, endpoint="/v1/chat/completions")
@@ -324,9 +322,7 @@ async def test_429_retry_delay_follows_backoff(
 @pytest.mark.parametrize(
     ("path", "status", "body"), [("/boom", 500, "boom"), ("/unavailable", 503, "try later")]
 )
-async def test_5xx_retry(
-    edge: Edge, client: HttpClient, path: str, status: int, body: str
-) -> None:
+async def test_5xx_retry(edge: Edge, client: HttpClient, path: str, status: int, body: str) -> None:
     with trio.fail_after(TIMEOUT):
         out = await dispatch(
             client,
@@ -378,9 +374,7 @@ async def test_retry_after_http_date_honoured(edge: Edge, client: HttpClient) ->
     assert 39.0 <= out.delay < 41.0 * 1.25
 
 
-async def test_retry_after_capped_at_half_the_time_left(
-    edge: Edge, client: HttpClient
-) -> None:
+async def test_retry_after_capped_at_half_the_time_left(edge: Edge, client: HttpClient) -> None:
     now = time.time()
     deadline = math.floor(now) + 21  # 20..21 s left
     with trio.fail_after(TIMEOUT):
@@ -509,9 +503,7 @@ async def test_connection_refused_is_inference_error(client: HttpClient) -> None
     )
 
 
-async def test_hang_times_out_as_inference_error(
-    nursery: trio.Nursery, client: HttpClient
-) -> None:
+async def test_hang_times_out_as_inference_error(nursery: trio.Nursery, client: HttpClient) -> None:
     url, app = await start_sim(nursery, SimConfig(rate_hang=1.0))
     with trio.fail_after(TIMEOUT):
         started = trio.current_time()
@@ -526,9 +518,7 @@ async def test_hang_times_out_as_inference_error(
     assert app.stats()["hangs"] == 1
 
 
-async def test_timeout_is_capped_by_deadline(
-    nursery: trio.Nursery, client: HttpClient
-) -> None:
+async def test_timeout_is_capped_by_deadline(nursery: trio.Nursery, client: HttpClient) -> None:
     url, _ = await start_sim(nursery, SimConfig(rate_hang=1.0))
     env = make_env(deadline=2_000_000_000)
     with trio.fail_after(TIMEOUT):
@@ -763,7 +753,5 @@ async def test_concurrency_limit_is_respected(nursery: trio.Nursery) -> None:
     assert app.stats()["calls_by_id"] == {"r0": 1, "r1": 1, "r2": 1, "r3": 1}
 
 
-async def _collect(
-    results: list[object], client: HttpClient, env: Envelope, url: str
-) -> None:
+async def _collect(results: list[object], client: HttpClient, env: Envelope, url: str) -> None:
     results.append(await dispatch(client, env, Target(url), request_timeout=5, now=time.time()))

@@ -514,7 +514,12 @@ async def test_ack_without_a_token_is_suppressed_by_any_marker(store: Store) -> 
         assert await snapshot(store) == {"result-terminal:r": (TOKEN_A.encode(), -1)}
 
 
-async def test_ack_by_a_non_owner_pushes_once_and_leaves_the_owner_alone(store: Store) -> None:
+async def test_late_ack_of_a_stolen_claim_is_suppressed_and_leaves_the_owner_alone(
+    store: Store,
+) -> None:
+    """A stalled owner's late result while another instance holds the request: pushing it
+    would leave the request both recorded and claimed (and run on). It is suppressed, and
+    the current owner's ack writes the one record (chaos harness, SIGSTOP past the lease)."""
     with trio.fail_after(10):
         ops = QueueOps(store, Q, dedup_ttl=DEDUP)
         now = int(await server_now(store))
@@ -524,25 +529,50 @@ async def test_ack_by_a_non_owner_pushes_once_and_leaves_the_owner_alone(store: 
         await expire(store, "r")
         assert (await ops.reclaim(max_deliveries=10)).redelivered == 1
         server_b, _, (tok_b,) = await claim_all(ops, [raw])  # instance B holds it now
-        rec = ok_record("r")
-
-        assert await ops.ack([ack_item("r", tok_a, raw, rec, TOKEN_A)]) == [(True, False)]
-        assert await snapshot(store) == {
-            RESULTS: [rec],
-            "result-terminal:r": (TOKEN_A.encode(), DEDUP),
+        b_holds = {
             K.claimed: claimed_hash(("r", raw, str(now + 600).encode())),
             K.owners: {b"r": tok_b.encode()},
             K.index: [(b"r", approx(server_b + 60, abs=1e-5))],
             K.deliveries: {b"r": b"1"},
         }
-        # B finishes too: a suppressed duplicate that ends B's claim.
-        assert await ops.ack([ack_item("r", tok_b, raw, ok_record("r", "B"), TOKEN_A)]) == [
-            (False, True)
-        ]
+
+        late = ok_record("r", "A")
+        assert await ops.ack([ack_item("r", tok_a, raw, late, TOKEN_A)]) == [(False, False)]
+        assert await snapshot(store) == b_holds
+        # B finishes: its record is the one record, and B's claim ends.
+        rec = ok_record("r", "B")
+        assert await ops.ack([ack_item("r", tok_b, raw, rec, TOKEN_A)]) == [(True, True)]
         assert await snapshot(store) == {
             RESULTS: [rec],
             "result-terminal:r": (TOKEN_A.encode(), DEDUP),
         }
+
+
+async def test_late_ack_of_a_request_parked_by_its_new_owner_is_suppressed(store: Store) -> None:
+    """The new owner parked the request for a retry: the retry set is its one home, so the
+    stalled owner's late result is suppressed rather than recorded beside it."""
+    with trio.fail_after(10):
+        ops = QueueOps(store, Q, dedup_ttl=DEDUP)
+        now = int(await server_now(store))
+        raw = member("r", now + 600, TOKEN_A)
+        await zadd(store, Q, [(now + 600, raw)])
+        _, _, (tok_a,) = await claim_all(ops, [raw])
+        await expire(store, "r")
+        await ops.reclaim(max_deliveries=10)
+        _, _, (tok_b,) = await claim_all(ops, [raw])
+        retry = retry_member(raw, Q)
+        server, codes = await ops.park([("r", tok_b, 30.0, retry)], RETRY)
+        assert codes == [1]
+        parked = {
+            RETRY: [(retry, approx(server + 30, abs=1e-5))],
+            K.deliveries: {b"r": b"1"},
+        }
+        assert await snapshot(store) == parked
+
+        assert await ops.ack([ack_item("r", tok_a, raw, ok_record("r"), TOKEN_A)]) == [
+            (False, False)
+        ]
+        assert await snapshot(store) == parked
 
 
 async def test_late_ack_withdraws_the_redelivered_pending_copy(store: Store) -> None:

@@ -1,0 +1,914 @@
+"""Chaos harness: measure claimkit's durability promise under faults (GitHub issue #4).
+
+Zero lost requests and exactly one terminal record per request, through any crash. The
+harness runs, all on this machine and all started and stopped by PID:
+
+- a private Redis (``appendfsync always``, :class:`claimkit._redis_server.RedisServer`);
+- the gateway simulator (``claimkit sim``) with random latency, 429s and 503s;
+- N ``claimkit serve`` consumers (short lease, fast reclaimer);
+- a producer submitting requests throughout (some with short deadlines, some cancelled);
+- a fault schedule drawn from ``--seed``: SIGKILL a consumer; SIGSTOP one for longer than
+  its lease, then SIGCONT (its stolen claims must be cancelled, its late results
+  suppressed); ``CLIENT KILL`` a consumer's Redis connections; SIGKILL Redis and restart it
+  from its AOF; SIGTERM a consumer (graceful); start fresh consumers; make Redis refuse
+  writes for a moment (``maxmemory``, as when it runs out of memory).
+
+While it runs it samples, with one atomic read-only script, where every request is, and
+reads Redis ``MONITOR`` (see ``bench/chaos_observe.py``). At the end it checks:
+
+1. every accepted request has exactly one terminal record (lost = 0, duplicates = 0);
+2. at every sample each accepted request is in exactly one of pending, claimed, retry,
+   dead, results (a dead-lettered request's record counts with its dead entry), claims are
+   whole (owner, payload, score, lease entry) and a pending member's score is its deadline;
+3. no record exists for an id that was never submitted;
+4. within each poll batch (one claim call) the candidates are in deadline order, so the
+   first dispatch of a batch follows deadlines;
+5. a killed consumer's claims are dispatched again within lease + reclaim interval + poll
+   interval (+ slack);
+6. no consumer crashed and every graceful stop exited 0 within its grace.
+
+It prints one line of figures on stdout and exits 1 if any check fails.
+
+    python bench/chaos.py                      # the default run, about 3 minutes
+    python bench/chaos.py --seed 7 --requests 10000 --duration 300 --kills 20 --redis-crashes 2
+    nox -s chaos -- --seed 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from chaos_observe import (
+    SNAPSHOT,
+    Locations,
+    Monitor,
+    count_records,
+    gateway_inversions,
+    order_violations,
+    redelivery_of,
+    snapshot_keys,
+)
+
+from claimkit._keys import request_active
+from claimkit._producer import Producer
+from claimkit._redis_server import RedisServer, RedisServerError
+from claimkit._store import Store, StoreError, StoreUnavailable, open_store
+
+QUEUE = "chaos"
+RESULTS = "result-list"
+RETRY = "retry-sortedset"
+FAULT_KINDS = ("kill", "stop", "clientkill", "redis", "term", "start", "oom")
+DEFAULT_WEIGHTS = "kill=4,stop=3,clientkill=2,redis=1,term=2,start=1,oom=1"
+# Rough seconds each fault takes, for fitting a schedule into --duration.
+_FAULT_COST = {"kill": 5.0, "stop": 5.0, "clientkill": 0.5, "redis": 4.0, "term": 3.0}
+_FAULT_COST |= {"start": 0.5, "oom": 1.5}
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"[chaos {time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
+
+
+# -- options and schedule ------------------------------------------------------------------------
+
+
+def _pair(text: str) -> tuple[float, float]:
+    parts = [float(p) for p in text.split(",")]
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2 or parts[0] > parts[1] or parts[0] < 0:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX seconds, got {text!r}")
+    return parts[0], parts[1]
+
+
+def _weights(text: str) -> dict[str, float]:
+    out = dict.fromkeys(FAULT_KINDS, 0.0)
+    for part in text.split(","):
+        kind, _, weight = part.partition("=")
+        if kind.strip() not in out:
+            raise argparse.ArgumentTypeError(f"unknown fault kind {kind!r}")
+        out[kind.strip()] = float(weight)
+    if sum(out.values()) <= 0:
+        raise argparse.ArgumentTypeError("at least one fault weight must be positive")
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="chaos",
+        description="Chaos harness for claimkit's durability promise (lost = 0, duplicates = 0).",
+    )
+    p.add_argument("--seed", type=int, default=1, help="seed of the workload and fault schedule")
+    p.add_argument("--requests", type=int, default=3000, help="requests to submit")
+    p.add_argument(
+        "--duration", type=float, default=120.0, help="seconds over which requests are submitted"
+    )
+    p.add_argument("--consumers", type=int, default=3, help="claimkit serve processes at start")
+    p.add_argument("--kills", type=int, default=0, help="at least this many consumer SIGKILLs")
+    p.add_argument(
+        "--redis-crashes", type=int, default=1, help="exactly this many Redis SIGKILL+restarts"
+    )
+    p.add_argument("--fault-gap", type=_pair, default=(1.0, 3.0), help="MIN,MAX s between faults")
+    p.add_argument(
+        "--fault-weights",
+        type=_weights,
+        default=_weights(DEFAULT_WEIGHTS),
+        help=f"relative frequency of each fault kind (default {DEFAULT_WEIGHTS})",
+    )
+    p.add_argument(
+        "--every-kind", action="store_true", help="schedule at least one fault of every kind"
+    )
+    p.add_argument("--lease", type=float, default=3.0, help="claim_lease_ttl_seconds")
+    p.add_argument("--reclaim-ms", type=int, default=500, help="claim_reclaim_interval_ms")
+    p.add_argument("--poll-ms", type=int, default=100, help="poll_interval_ms")
+    p.add_argument("--batch", type=int, default=10, help="batch_size")
+    p.add_argument("--concurrency", type=int, default=16, help="per consumer")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=0.5,
+        help="drain_timeout_seconds: below the gateway latency, so SIGTERM sweeps claims back",
+    )
+    p.add_argument("--latency", default="0.05,1.0", help="simulator latency MIN,MAX seconds")
+    p.add_argument("--rate-429", type=float, default=0.05)
+    p.add_argument("--rate-5xx", type=float, default=0.05)
+    p.add_argument("--cancel-rate", type=float, default=0.01, help="share of requests cancelled")
+    p.add_argument(
+        "--short-deadline-rate",
+        type=float,
+        default=0.03,
+        help="share of requests whose deadline is 2-8 s away (some expire in flight)",
+    )
+    p.add_argument("--sample-interval", type=float, default=0.5, help="seconds between snapshots")
+    p.add_argument("--settle", type=float, default=120.0, help="max seconds to wait for records")
+    p.add_argument("--slack", type=float, default=1.5, help="seconds added to the redelivery bound")
+    p.add_argument("--json", type=Path, help="also write every figure and failure here")
+    p.add_argument("--keep", action="store_true", help="keep the work dir (AOF, logs)")
+    args = p.parse_args(argv)
+    if args.requests < 1 or args.duration <= 0 or args.consumers < 1:
+        p.error("--requests, --duration and --consumers must be positive")
+    return args
+
+
+@dataclass(frozen=True)
+class Fault:
+    gap: float  # seconds after the previous fault ended
+    kind: str
+    pick: float  # in [0, 1): which consumer, chosen when the fault runs
+    length: float  # stop: seconds stopped; redis: seconds down; kill/term: replacement delay
+
+
+def make_schedule(rng: random.Random, opts: argparse.Namespace) -> list[Fault]:
+    """The fault schedule: kinds, gaps and lengths all drawn from ``rng`` (the seed)."""
+    kinds: list[str] = []
+    budget = opts.duration
+    while budget > 0:
+        kind = rng.choices(FAULT_KINDS, [opts.fault_weights[k] for k in FAULT_KINDS])[0]
+        kinds.append(kind)
+        budget -= _FAULT_COST[kind] + sum(opts.fault_gap) / 2
+    # Quotas: exactly --redis-crashes Redis crashes, at least --kills consumer kills.
+    slots = [i for i, k in enumerate(kinds) if k == "redis"]
+    others = [k for k in FAULT_KINDS if k != "redis"]
+    for i in slots[opts.redis_crashes :]:
+        kinds[i] = rng.choices(others, [opts.fault_weights[k] or 1e-9 for k in others])[0]
+    need = opts.redis_crashes - min(len(slots), opts.redis_crashes)
+    need_kills = max(0, opts.kills - kinds.count("kill"))
+    free = [i for i, k in enumerate(kinds) if k not in ("redis", "kill")]
+    rng.shuffle(free)
+    for _ in range(need):
+        if free:
+            kinds[free.pop()] = "redis"
+        else:
+            kinds.insert(rng.randrange(len(kinds) + 1), "redis")
+    for _ in range(need_kills):
+        if free:
+            kinds[free.pop()] = "kill"
+        else:
+            kinds.insert(rng.randrange(len(kinds) + 1), "kill")
+    if opts.every_kind:
+        for kind in FAULT_KINDS:
+            if kind in kinds:
+                continue
+            spare = [
+                i
+                for i, k in enumerate(kinds)
+                if kinds.count(k) > 1
+                and k != "redis"
+                and (k != "kill" or kinds.count(k) > opts.kills)
+            ]
+            if spare:
+                kinds[rng.choice(spare)] = kind
+            else:
+                kinds.insert(rng.randrange(len(kinds) + 1), kind)
+    out = []
+    for kind in kinds:
+        if kind == "stop":
+            length = opts.lease + rng.uniform(0.5, 2.5)
+        elif kind == "redis":
+            length = rng.uniform(0.2, 1.5)
+        else:
+            length = rng.uniform(0.5, 2.0)
+        out.append(Fault(rng.uniform(*opts.fault_gap), kind, rng.random(), length))
+    return out
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+def claimkit_exe() -> list[str]:
+    beside = Path(sys.executable).with_name("claimkit")
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("claimkit")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "from claimkit._cli import main; main()"]
+
+
+@dataclass(eq=False)
+class ConsumerProc:
+    name: str
+    proc: subprocess.Popen[bytes]
+    started: float
+    expected_exit: bool = False
+    stopped: bool = False
+    reported: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class Aborted(Exception):
+    """SIGINT or SIGTERM: stop, and stop every process this run started."""
+
+
+async def abort_on_signal() -> None:
+    # Also when started in the background, where SIGINT may be ignored: cleanup must run.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            raise Aborted(signal.Signals(signum).name)
+
+
+@dataclass
+class Run:
+    """Everything one chaos run knows; filled in as it goes."""
+
+    opts: argparse.Namespace
+    workdir: Path
+    redis: RedisServer
+    sim_url: str = ""
+    consumers: list[ConsumerProc] = field(default_factory=list)
+    serial: int = 0
+    submitted: dict[str, float] = field(default_factory=dict)  # id -> deadline
+    accepted: dict[str, float] = field(default_factory=dict)  # id -> time accepted (local)
+    uncertain: set[str] = field(default_factory=set)
+    records: list[bytes] = field(default_factory=list)
+    snapshots: int = 0
+    location_violations: list[str] = field(default_factory=list)
+    location_violation_count: int = 0
+    structure_problems: list[str] = field(default_factory=list)
+    faults: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    kill_claims: list[tuple[float, str, str]] = field(default_factory=list)  # (t_kill, id, token)
+    redelivery_delays: list[float] = field(default_factory=list)
+    stop_count_cancelled: int = 0
+    crashed: list[str] = field(default_factory=list)
+    summaries: list[str] = field(default_factory=list)
+    submitting_done: bool = False
+    record_counts: Counter[str] = field(default_factory=Counter)
+    sample_lock: trio.Lock = field(default_factory=trio.Lock)
+    cancelled: int = 0
+    monitor: Monitor | None = None
+
+    def consumer_config(self) -> str:
+        o = self.opts
+        return json.dumps(
+            {
+                "url": self.redis.url,
+                "queues": [{"queue_name": QUEUE, "igw_base_url": self.sim_url}],
+                "result_queue_name": RESULTS,
+                "retry_queue_name": RETRY,
+                "poll_interval_ms": o.poll_ms,
+                "batch_size": o.batch,
+                "claim_lease_ttl_seconds": o.lease,
+                "claim_reclaim_interval_ms": o.reclaim_ms,
+                "concurrency": o.concurrency,
+                "drain_timeout_seconds": o.drain,
+                "request_timeout_seconds": 10,
+                "metrics_port": 0,
+                "health_port": 0,
+            }
+        )
+
+    def start_consumer(self) -> ConsumerProc:
+        self.serial += 1
+        name = f"consumer-{self.serial:02d}"
+        out = (self.workdir / f"{name}.out").open("wb")
+        err = (self.workdir / f"{name}.err").open("wb")
+        proc = subprocess.Popen(
+            [*claimkit_exe(), "serve", "--transport-config", self.consumer_config()],
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+        )
+        out.close()
+        err.close()
+        c = ConsumerProc(name, proc, time.time())
+        self.consumers.append(c)
+        return c
+
+    def live(self) -> list[ConsumerProc]:
+        return [c for c in self.consumers if c.alive() and not c.expected_exit]
+
+    def tail(self, c: ConsumerProc, lines: int = 15) -> str:
+        text = (self.workdir / f"{c.name}.err").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def start_sim(run: Run) -> subprocess.Popen[bytes]:
+    o = run.opts
+    out_path = run.workdir / "sim.out"
+    with out_path.open("wb") as out, (run.workdir / "sim.err").open("wb") as err:
+        proc = subprocess.Popen(
+            [
+                *claimkit_exe(), "sim", "--port", "0",
+                "--latency", o.latency,
+                "--rate-429", str(o.rate_429),
+                "--rate-5xx", str(o.rate_5xx),
+                "--seed", str(o.seed),
+            ],
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = re.findall(r"listening on (http://\S+)", out_path.read_text(errors="replace"))
+        if found:
+            run.sim_url = found[0]
+            return proc
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the simulator did not start: " + (run.workdir / "sim.err").read_text())
+
+
+def redis_connections(pid: int, redis_port: int) -> list[int]:
+    """Local ports of ``pid``'s TCP connections to Redis (Linux /proc)."""
+    inodes: set[str] = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir() if fd_dir.exists() else ():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = []
+    for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                parts = line.split()
+                if len(parts) > 9 and parts[9] in inodes:
+                    if int(parts[2].rsplit(":", 1)[1], 16) == redis_port:
+                        ports.append(int(parts[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+# -- Redis access that rides out faults -----------------------------------------------------------
+
+
+async def patient(store: Store, fn: Any, *args: Any, limit: float = 60.0) -> Any:
+    """Call ``fn(*args)`` until Redis answers (it may be down for a restart)."""
+    deadline = trio.current_time() + limit
+    while True:
+        try:
+            return await fn(*args)
+        except StoreUnavailable:
+            if trio.current_time() > deadline:
+                raise
+            await trio.sleep(0.1)
+
+
+# -- the workload --------------------------------------------------------------------------------
+
+
+def request_id(run: Run, n: int, rng: random.Random) -> str:
+    rid = f"r{run.opts.seed}-{n:06d}"
+    if rng.random() < 0.02:
+        rid += rng.choice([":a:b", "{tag}x", ":score", "-ünï", " sp"])
+    return rid
+
+
+async def submitter(run: Run, store: Store, rng: random.Random) -> None:
+    o = run.opts
+    producer = Producer(store, QUEUE, result_list=RESULTS)
+    tick = 0.1
+    per_tick = o.requests / (o.duration / tick)
+    owed = 0.0
+    n = 0
+    cancels: list[tuple[float, str]] = []
+    start = trio.current_time()
+    last_deadline = int(time.time()) + 120
+    while n < o.requests:
+        owed += per_tick
+        batch: list[dict[str, Any]] = []
+        while owed >= 1 and n < o.requests:
+            owed -= 1
+            rid = request_id(run, n, rng)
+            n += 1
+            draw = rng.random()
+            now = int(time.time())
+            if draw < o.short_deadline_rate:
+                deadline = now + rng.randint(3, 8)
+            elif draw < o.short_deadline_rate + 0.05:
+                deadline = max(last_deadline, now + 60)  # ties
+            else:
+                deadline = now + rng.randint(60, 300)
+            last_deadline = deadline
+            run.submitted[rid] = deadline
+            batch.append({"id": rid, "deadline": deadline, "payload": {"id": rid, "prompt": "hi"}})
+            if rng.random() < o.cancel_rate:
+                cancels.append((trio.current_time() + rng.uniform(0, 2), rid))
+        if batch:
+            ids = [str(d["id"]) for d in batch]
+            try:
+                await producer.submit_many(batch)
+            except (StoreUnavailable, StoreError) as exc:
+                run.uncertain.update(ids)
+                log(f"submit of {len(ids)} failed ({exc}); acceptance to be resolved")
+            else:
+                t = time.time()
+                for rid in ids:
+                    run.accepted[rid] = t
+        now_t = trio.current_time()
+        due = [c for c in cancels if c[0] <= now_t]
+        cancels = [c for c in cancels if c[0] > now_t]
+        for _, rid in due:
+            with contextlib.suppress(StoreUnavailable, StoreError):
+                if await producer.cancel(rid):
+                    run.cancelled += 1
+        await trio.sleep_until(start + (n / max(per_tick, 1e-9)) * tick)
+    run.submitting_done = True
+    log(f"submitted {n} requests ({len(run.accepted)} accepted, {len(run.uncertain)} uncertain)")
+
+
+async def resolve_uncertain(run: Run, store: Store) -> None:
+    """A submit that failed may still have been applied: ``request-active:<id>`` says so."""
+    for rid in sorted(run.uncertain):
+        exists = await patient(store, store.command, "EXISTS", request_active(rid))
+        if exists:
+            run.uncertain.discard(rid)
+            run.accepted[rid] = time.time()
+
+
+# -- sampling ------------------------------------------------------------------------------------
+
+
+async def sample(run: Run, store: Store) -> Locations:
+    """One atomic snapshot; checks the location invariant for every accepted request."""
+    async with run.sample_lock:
+        accepted_before = set(run.accepted)
+        reply = await store.run(SNAPSHOT, snapshot_keys(QUEUE, RETRY, RESULTS), [len(run.records)])
+        loc = Locations.from_reply(reply)
+        run.records.extend(loc.new_records)
+        run.record_counts.update(count_records(loc.new_records))
+        run.snapshots += 1
+    for problem in loc.problems:
+        run.structure_problems.append(f"t={loc.server_time:.3f} {problem}")
+    for rid in set(loc.places) | accepted_before:
+        places = list(loc.places.get(rid, ()))
+        if run.record_counts.get(rid) and "dead" not in places:
+            places.append("results")
+        if rid in accepted_before:
+            ok = len(places) == 1
+        else:  # being submitted right now, or its submit failed: at most one place
+            ok = rid in run.submitted and len(places) <= 1
+        if not ok:
+            run.location_violation_count += 1
+            if len(run.location_violations) < 50:
+                run.location_violations.append(
+                    f"t={loc.server_time:.3f} {rid!r} in {places or 'nowhere'}"
+                )
+    return loc
+
+
+async def sampler(run: Run, store: Store) -> None:
+    while True:
+        with contextlib.suppress(StoreUnavailable, StoreError):
+            await sample(run, store)
+        await trio.sleep(run.opts.sample_interval)
+
+
+async def watchdog(run: Run) -> None:
+    """Any consumer that exits when not told to has crashed."""
+    while True:
+        for c in run.consumers:
+            if not c.expected_exit and not c.alive() and not c.reported:
+                c.reported = True
+                msg = f"{c.name} (pid {c.pid}) exited by itself with {c.proc.returncode}"
+                run.crashed.append(msg + "\n" + run.tail(c))
+                log(msg)
+        await trio.sleep(0.5)
+
+
+# -- faults --------------------------------------------------------------------------------------
+
+
+def pick(run: Run, fault: Fault) -> ConsumerProc | None:
+    live = run.live()
+    if not live:
+        return None
+    return live[min(int(fault.pick * len(live)), len(live) - 1)]
+
+
+def redelivery_bound(opts: argparse.Namespace) -> float:
+    return float(opts.lease + opts.reclaim_ms / 1000 + opts.poll_ms / 1000 + opts.slack)
+
+
+async def fault_kill(run: Run, store: Store, fault: Fault) -> None:
+    victim = pick(run, fault)
+    if victim is None:
+        return
+    victim.expected_exit = True
+    os.kill(victim.pid, signal.SIGKILL)
+    t_kill = time.time()
+    await trio.to_thread.run_sync(victim.proc.wait)
+    loc = await patient(store, sample, run, store)
+    held = [(rid, token) for rid, (token, _expiry) in loc.claims.items()]
+    log(f"SIGKILL {victim.name}; {len(held)} claims in Redis right after")
+    await trio.sleep(fault.length)
+    if len(run.live()) < run.opts.consumers:
+        c = run.start_consumer()
+        run.faults["start"] += 1
+        log(f"started {c.name} (replacement)")
+    # Wait until each claim held at the kill is resolved: ended by its (live) owner, or
+    # lapsed and dispatched again.
+    assert run.monitor is not None
+    limit = t_kill + redelivery_bound(run.opts) + 10
+    while True:
+        pending = 0
+        for rid, token in held:
+            state, when = redelivery_of(run.monitor.events_of(rid), token, t_kill)
+            if state == "open" or (state == "lapsed" and when is None):
+                pending += 1
+        if not pending or time.time() > limit:
+            break
+        await trio.sleep(0.2)
+    for rid, token in held:
+        run.kill_claims.append((t_kill, rid, token))
+
+
+async def fault_stop(run: Run, fault: Fault) -> None:
+    victim = pick(run, fault)
+    if victim is None:
+        return
+    log(f"SIGSTOP {victim.name} for {fault.length:.1f}s (lease {run.opts.lease}s)")
+    victim.stopped = True
+    os.kill(victim.pid, signal.SIGSTOP)
+    try:
+        await trio.sleep(fault.length)
+    finally:
+        os.kill(victim.pid, signal.SIGCONT)
+        victim.stopped = False
+    await trio.sleep(1.5)  # let its heartbeat find its stolen claims
+
+
+async def fault_clientkill(run: Run, store: Store, fault: Fault) -> None:
+    victim = pick(run, fault)
+    if victim is None:
+        return
+    ports = redis_connections(victim.pid, run.redis.port)
+    killed = 0
+    for port in ports:
+        with contextlib.suppress(StoreError, StoreUnavailable):
+            await store.command("CLIENT", "KILL", "ADDR", f"127.0.0.1:{port}")
+            killed += 1
+    log(f"CLIENT KILL {victim.name}: {killed} of {len(ports)} connections")
+
+
+async def fault_redis(run: Run, fault: Fault) -> None:
+    log(f"SIGKILL redis; down {fault.length:.1f}s; restart from the AOF")
+    await trio.to_thread.run_sync(run.redis.kill)
+    await trio.sleep(fault.length)
+    for attempt in range(20):
+        try:
+            await trio.to_thread.run_sync(run.redis.start)
+            return
+        except RedisServerError as exc:
+            log(f"redis restart attempt {attempt + 1} failed: {str(exc).splitlines()[0]}")
+            await trio.sleep(0.5)
+    raise RuntimeError("Redis did not restart")
+
+
+async def fault_oom(run: Run, store: Store, fault: Fault) -> None:
+    log(f"Redis refuses writes (maxmemory 1) for {fault.length:.1f}s")
+    await patient(store, store.command, "CONFIG", "SET", "maxmemory", "1")
+    try:
+        await trio.sleep(fault.length)
+    finally:
+        with trio.CancelScope(shield=True):
+            await patient(store, store.command, "CONFIG", "SET", "maxmemory", "0")
+
+
+async def fault_term(run: Run, fault: Fault) -> None:
+    victim = pick(run, fault)
+    if victim is None:
+        return
+    victim.expected_exit = True
+    victim.proc.send_signal(signal.SIGTERM)
+    log(f"SIGTERM {victim.name}")
+    grace = run.opts.drain + 10 + 8  # drain timeout + sweep timeout + start-up margin
+    try:
+        code = await trio.to_thread.run_sync(lambda: victim.proc.wait(grace))
+    except subprocess.TimeoutExpired:
+        run.failures.append(f"{victim.name} did not exit within {grace}s of SIGTERM")
+        victim.proc.kill()
+        await trio.to_thread.run_sync(victim.proc.wait)
+        return
+    if code != 0:
+        run.failures.append(f"{victim.name} exited {code} after SIGTERM:\n{run.tail(victim)}")
+    await trio.sleep(fault.length)
+    if len(run.live()) < run.opts.consumers:
+        c = run.start_consumer()
+        run.faults["start"] += 1
+        log(f"started {c.name} (replacement)")
+
+
+async def fault_start(run: Run) -> bool:
+    if len(run.live()) >= run.opts.consumers + 2:
+        return False
+    c = run.start_consumer()
+    log(f"started {c.name}")
+    return True
+
+
+async def faults(run: Run, store: Store, schedule: list[Fault]) -> None:
+    for fault in schedule:
+        await trio.sleep(fault.gap)
+        if fault.kind == "kill":
+            await fault_kill(run, store, fault)
+        elif fault.kind == "stop":
+            await fault_stop(run, fault)
+        elif fault.kind == "clientkill":
+            await fault_clientkill(run, store, fault)
+        elif fault.kind == "redis":
+            await fault_redis(run, fault)
+        elif fault.kind == "term":
+            await fault_term(run, fault)
+        elif fault.kind == "oom":
+            await fault_oom(run, store, fault)
+        elif fault.kind == "start" and not await fault_start(run):
+            continue
+        run.faults[fault.kind] += 1
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+async def settle(run: Run, store: Store) -> None:
+    """Wait until every accepted request has its record (or --settle runs out)."""
+    deadline = trio.current_time() + run.opts.settle
+    while trio.current_time() < deadline:
+        await resolve_uncertain(run, store)
+        loc = await patient(store, sample, run, store)
+        missing = [rid for rid in run.accepted if not run.record_counts.get(rid)]
+        if not missing and not loc.claims and not loc.pending_count and not loc.retry_count:
+            return
+        await trio.sleep(0.5)
+    log("settle time ran out")
+
+
+async def stop_consumers(run: Run) -> None:
+    for c in run.consumers:
+        if c.alive():
+            c.expected_exit = True
+            c.proc.send_signal(signal.SIGTERM)
+    for c in run.consumers:
+        if c.proc.poll() is None:
+            try:
+                await trio.to_thread.run_sync(functools.partial(c.proc.wait, 25))
+            except subprocess.TimeoutExpired:
+                run.failures.append(f"{c.name} did not exit within 25 s of the final SIGTERM")
+                c.proc.kill()
+        out = (run.workdir / f"{c.name}.out").read_text(errors="replace").strip()
+        if out:
+            run.summaries.append(f"{c.name}: {out.splitlines()[-1]}")
+
+
+async def sim_stats(url: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        reply = await client.get(url + "/stats")
+        reply.raise_for_status()
+        doc: dict[str, Any] = reply.json()
+        return doc
+
+
+async def main_async(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    rng = random.Random(opts.seed)
+    schedule = make_schedule(random.Random(f"faults-{opts.seed}"), opts)
+    kinds = Counter(f.kind for f in schedule)
+    log(
+        f"seed {opts.seed}: {opts.requests} requests over {opts.duration:.0f}s, "
+        f"{opts.consumers} consumers, {len(schedule)} faults scheduled {dict(kinds)}"
+    )
+    redis = RedisServer(aof="always", directory=workdir / "redis")
+    await trio.to_thread.run_sync(redis.start)
+    run = Run(opts=opts, workdir=workdir, redis=redis)
+    sim = start_sim(run)
+    monitor = Monitor(redis.port, QUEUE, RESULTS, RETRY)
+    run.monitor = monitor
+    monitor.start()
+    await trio.to_thread.run_sync(lambda: monitor.connected.wait(10))
+    began = time.monotonic()
+    try:
+        async with open_store(redis.url, timeout=3) as store:
+            for _ in range(opts.consumers):
+                run.start_consumer()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(abort_on_signal)
+                nursery.start_soon(sampler, run, store)
+                nursery.start_soon(watchdog, run)
+                async with trio.open_nursery() as work:
+                    work.start_soon(submitter, run, store, rng)
+                    work.start_soon(faults, run, store, schedule)
+                log("workload and faults done; settling")
+                await settle(run, store)
+                await stop_consumers(run)
+                nursery.cancel_scope.cancel()
+            await resolve_uncertain(run, store)
+            final = await patient(store, sample, run, store)
+            stats = await sim_stats(run.sim_url)
+    finally:
+        for c in run.consumers:
+            if c.alive():
+                c.proc.kill()
+                c.proc.wait()
+        sim.kill()
+        sim.wait()
+        monitor.stop()
+        await trio.to_thread.run_sync(redis.stop)
+    return figures(run, final, stats, time.monotonic() - began)
+
+
+def figures(run: Run, final: Locations, stats: dict[str, Any], elapsed: float) -> dict[str, Any]:
+    opts = run.opts
+    assert run.monitor is not None
+    mon = run.monitor
+    per_id = run.record_counts
+    accepted = set(run.accepted)
+    # A submit whose outcome was unknown counts as accepted if its request shows up.
+    found_uncertain = {rid for rid in run.uncertain if rid in per_id or rid in final.places}
+    accepted |= found_uncertain
+    lost = sorted(rid for rid in accepted if per_id.get(rid, 0) == 0)
+    dups = {rid: n for rid, n in per_id.items() if n > 1}
+    phantom = sorted(rid for rid in per_id if rid not in run.submitted)
+    calls = stats.get("calls_by_id", {})
+    executions = [calls.get(rid, 0) for rid in accepted]
+    first_arrival = {rid: i for i, rid in enumerate(calls)}
+    order_bad = order_violations(mon.claim_calls)
+    pairs, inverted = gateway_inversions(mon.claim_calls, first_arrival, run.submitted)
+    delays = []
+    unresolved = 0
+    for t_kill, rid, token in run.kill_claims:
+        state, when = redelivery_of(mon.events_of(rid), token, t_kill)
+        if state == "lapsed" and when is not None:
+            delays.append(when - t_kill)
+        elif state == "open" or state == "lapsed":
+            unresolved += 1
+    bound = redelivery_bound(opts)
+    parks = sum(1 for evs in mon.events.values() for e in evs if e.kind == "park")
+    leftovers = {rid: places for rid, places in final.places.items() if set(places) - {"dead"}}
+    checks = {
+        "lost": not lost,
+        "duplicates": not dups,
+        "phantom": not phantom,
+        "locations": run.location_violation_count == 0 and not run.structure_problems,
+        "order": not order_bad,
+        "redelivery": all(d <= bound for d in delays) and unresolved == 0,
+        "consumers": not run.crashed and not run.failures,
+        "drained": not leftovers and not final.claims,
+    }
+    out: dict[str, Any] = {
+        "seed": opts.seed,
+        "requests": opts.requests,
+        "accepted": len(accepted),
+        "uncertain_not_accepted": len(run.uncertain - found_uncertain),
+        "records": len(run.records),
+        "lost": len(lost),
+        "duplicates": sum(n - 1 for n in dups.values()),
+        "phantom": len(phantom),
+        "snapshots": run.snapshots,
+        "location_violations": run.location_violation_count,
+        "structure_problems": len(run.structure_problems),
+        "poll_batches": len(mon.claim_calls),
+        "order_violations": len(order_bad),
+        "gateway_pairs": pairs,
+        "gateway_inversions": inverted,
+        "executions_max": max(executions, default=0),
+        "executions_mean": round(sum(executions) / max(len(executions), 1), 3),
+        "retry_parks": parks,
+        "redundant_executions": max(0, sum(executions) - parks - len(accepted)),
+        "kill_claims_redelivered": len(delays),
+        "kill_claims_unresolved": unresolved,
+        "worst_redelivery_s": round(max(delays, default=0.0), 3),
+        "redelivery_bound_s": round(bound, 3),
+        "stale_acks": mon.stale_acks,
+        "stale_acks_pushed": mon.stale_pushes,
+        "faults": sum(run.faults.values()),
+        "faults_by_kind": dict(run.faults),
+        "cancelled": run.cancelled,
+        "monitor_gaps": mon.gaps,
+        "elapsed_s": round(elapsed, 1),
+        "checks": checks,
+        "passed": all(checks.values()),
+        "details": {
+            "lost": lost[:50],
+            "duplicates": dict(list(dups.items())[:50]),
+            "phantom": phantom[:50],
+            "location_violations": run.location_violations,
+            "structure_problems": run.structure_problems[:50],
+            "order_violations": order_bad[:20],
+            "crashed": run.crashed,
+            "failures": run.failures,
+            "leftovers": {k: v for k, v in list(leftovers.items())[:50]},
+            "unresolved_kill_claims": {
+                rid: [f"{e.time:.3f} {e.kind} {e.token[:8]} {e.detail}" for e in mon.events_of(rid)]
+                + [f"killed at {t_kill:.3f} holding {token[:8]}"]
+                for t_kill, rid, token in run.kill_claims
+                if redelivery_of(mon.events_of(rid), token, t_kill)[1] is None
+                and redelivery_of(mon.events_of(rid), token, t_kill)[0] in ("open", "lapsed")
+            },
+            "stale_pushes": {
+                rid: [f"{e.time:.3f} {e.kind} {e.token[:8]} {e.detail}" for e in mon.events_of(rid)]
+                for rid in mon.stale_push_ids[:20]
+            },
+            "summaries": run.summaries,
+        },
+    }
+    return out
+
+
+def line(f: dict[str, Any]) -> str:
+    kinds = " ".join(f"{k}={v}" for k, v in sorted(f["faults_by_kind"].items()))
+    failed = [k for k, ok in f["checks"].items() if not ok]
+    return (
+        f"chaos seed={f['seed']}: accepted={f['accepted']} records={f['records']} "
+        f"lost={f['lost']} duplicates={f['duplicates']} phantom={f['phantom']} "
+        f"location_violations={f['location_violations']}/{f['snapshots']}snapshots "
+        f"order_violations={f['order_violations']}/{f['poll_batches']}batches "
+        f"executions/request max={f['executions_max']} mean={f['executions_mean']} "
+        f"worst_redelivery={f['worst_redelivery_s']}s bound={f['redelivery_bound_s']}s "
+        f"(n={f['kill_claims_redelivered']}) faults={f['faults']} ({kinds}) "
+        f"elapsed={f['elapsed_s']}s " + ("PASS" if f["passed"] else "FAIL " + ",".join(failed))
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="claimkit-chaos-"))
+    try:
+        f = trio.run(main_async, opts, workdir)
+    except BaseException as exc:
+        log(f"aborted ({exc!r}); work dir kept: {workdir}")
+        return 2
+    if opts.json:
+        opts.json.write_text(json.dumps(f, indent=2, ensure_ascii=False) + "\n")
+    if not f["passed"]:
+        for name, items in f["details"].items():
+            if items and name != "summaries":
+                log(f"{name}: {json.dumps(items, ensure_ascii=False, indent=1)[:4000]}")
+    print(line(f), flush=True)
+    if opts.keep or not f["passed"]:
+        log(f"work dir kept: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if f["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""claimkit's own HTTP/1.1 client (``claimkit._http``) over real sockets.
+
+Against the simulator (hypercorn) and small raw trio servers that misbehave on purpose:
+connection reuse, a server closing idle connections, timeouts in each phase, partial and
+chunked bodies, the pool limit, and cancellation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import pytest
+import trio
+import trio.testing
+
+from claimkit._http import (
+    BodyError,
+    ConnectError,
+    HttpClient,
+    InvalidURL,
+    PoolTimeout,
+    ReadTimeout,
+    RemoteProtocolError,
+)
+from claimkit._sim import SimApp, SimConfig, serve_sim
+
+TIMEOUT = 10.0
+JSON = [(b"Content-Type", b"application/json")]
+
+Handler = Callable[[trio.SocketStream], Awaitable[None]]
+
+
+async def start_raw(nursery: trio.Nursery, handler: Handler) -> str:
+    listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+    return f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+
+
+async def read_request(stream: trio.SocketStream, buf: bytearray) -> bytes | None:
+    """Read one request (head + Content-Length body) from ``buf``/``stream``; None on EOF."""
+    while b"\r\n\r\n" not in buf:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return None
+        buf += chunk
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return None
+        rest += chunk
+    del buf[: len(head) + 4 + length]
+    return head
+
+
+def ok(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+async def test_simulator_round_trip_and_reuse(nursery: trio.Nursery) -> None:
+    app = SimApp(SimConfig())
+    with trio.fail_after(TIMEOUT):
+        url = await nursery.start(partial(serve_sim, SimConfig(), app=app))
+        async with HttpClient(max_connections=4) as client:
+            for i in range(5):
+                r = await client.post(
+                    url + "/v1/completions", b'{"id": "r%d"}' % i, JSON, timeout=5
+                )
+                assert r.status == 200
+                assert r.header("Content-Type") == "application/json"
+                assert '"text_completion"' in r.text or "choices" in r.text
+            # Sequential requests share one kept-alive connection.
+            assert client.connections_opened == 1
+            assert client.idle_count() == 1
+        assert client.is_closed
+        assert client.idle_count() == 0
+    assert app.stats()["calls_by_id"] == {f"r{i}": 1 for i in range(5)}
+
+
+async def test_concurrent_requests_open_up_to_the_limit(nursery: trio.Nursery) -> None:
+    config = SimConfig(latency=(0.05, 0.05))
+    with trio.fail_after(TIMEOUT):
+        url = await nursery.start(partial(serve_sim, config, app=SimApp(config)))
+        async with HttpClient(max_connections=3) as client:
+            statuses: list[int] = []
+
+            async def one() -> None:
+                statuses.append(
+                    (await client.post(url + "/v1/completions", b"{}", JSON, timeout=5)).status
+                )
+
+            async with trio.open_nursery() as n:
+                for _ in range(9):
+                    n.start_soon(one)
+            assert statuses == [200] * 9
+            assert client.connections_opened == 3
+            assert client.idle_count() == 3
+
+
+async def test_server_closing_idle_connection_is_not_reused(nursery: trio.Nursery) -> None:
+    """The server answers one request per connection, then closes it (as an idle timeout
+    would): the client notices before reuse and opens a fresh one."""
+    accepted = 0
+
+    async def handler(stream: trio.SocketStream) -> None:
+        nonlocal accepted
+        accepted += 1
+        async with stream:
+            if await read_request(stream, bytearray()) is not None:
+                await stream.send_all(ok(b"fine"))
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=2) as client:
+            for _ in range(3):
+                r = await client.post(url + "/x", b"{}", JSON, timeout=5)
+                assert (r.status, r.body) == (200, b"fine")
+                await trio.sleep(0.05)  # let the server's FIN arrive
+    assert accepted == 3
+
+
+async def test_stale_connection_race_retries_once_on_a_fresh_one(
+    nursery: trio.Nursery,
+) -> None:
+    """The server reads the second request on a kept-alive connection, then hangs up
+    without answering (it closed the idle connection as the request arrived): the client
+    sends it once more on a fresh connection."""
+    requests_per_conn: list[int] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            buf = bytearray()
+            seen = 0
+            requests_per_conn.append(0)
+            idx = len(requests_per_conn) - 1
+            while await read_request(stream, buf) is not None:
+                seen += 1
+                requests_per_conn[idx] = seen
+                if seen == 2 and idx == 0:
+                    return  # hang up without answering
+                await stream.send_all(ok(b"n%d" % seen))
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"n1"
+            assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"n1"
+            assert client.connections_opened == 2
+    assert requests_per_conn == [2, 1]
+
+
+async def test_fresh_connection_closed_without_response_is_an_error(
+    nursery: trio.Nursery,
+) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            await read_request(stream, bytearray())
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            with pytest.raises(RemoteProtocolError, match="without a response"):
+                await client.post(url, b"{}", JSON, timeout=5)
+            assert client.idle_count() == 0
+
+
+async def test_partial_body_is_a_body_error_with_status(nursery: trio.Nursery) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            await read_request(stream, bytearray())
+            await stream.send_all(
+                b"HTTP/1.1 503 Busy\r\nRetry-After: 7\r\nContent-Length: 100\r\n\r\npartial"
+            )
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            with pytest.raises(BodyError) as info:
+                await client.post(url, b"{}", JSON, timeout=5)
+            assert info.value.status == 503
+            assert (b"retry-after", b"7") in info.value.headers
+            assert not info.value.timed_out
+            assert client.idle_count() == 0  # a broken connection is never pooled
+
+
+async def test_body_that_never_finishes_times_out_as_body_error(nursery: trio.Nursery) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            await read_request(stream, bytearray())
+            await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")
+            await trio.sleep_forever()
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            started = trio.current_time()
+            with pytest.raises(BodyError, match=r"body not complete within 0\.2 s") as info:
+                await client.post(url, b"{}", JSON, timeout=0.2)
+            assert 0.2 <= trio.current_time() - started < 2
+            assert info.value.status == 200 and info.value.timed_out
+
+
+async def test_no_response_times_out(nursery: trio.Nursery) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            await trio.sleep_forever()
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            with pytest.raises(ReadTimeout, match=r"no response within 0\.2 s"):
+                await client.post(url, b"{}", JSON, timeout=0.2)
+
+
+async def test_pool_timeout_when_every_connection_is_busy(nursery: trio.Nursery) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            await read_request(stream, bytearray())
+            await trio.sleep(0.5)
+            await stream.send_all(ok(b"slow"))
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            async with trio.open_nursery() as n:
+                n.start_soon(partial(client.post, url, b"{}", JSON, timeout=5))
+                await trio.testing.wait_all_tasks_blocked()
+                with pytest.raises(PoolTimeout, match=r"no free connection within 0\.1 s"):
+                    await client.post(url, b"{}", JSON, timeout=0.1)
+
+
+async def test_chunked_body_and_informational_response(nursery: trio.Nursery) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            buf = bytearray()
+            while await read_request(stream, buf) is not None:
+                await stream.send_all(
+                    b"HTTP/1.1 100 Continue\r\n\r\n"
+                    b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n"
+                    b"Content-Type: text/plain; charset=latin-1\r\n\r\n"
+                    b"3\r\ncaf\r\n1\r\n\xe9\r\n0\r\n\r\n"
+                )
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            for _ in range(2):
+                r = await client.post(url, b"{}", JSON, timeout=5)
+                assert (r.status, r.body, r.text) == (201, b"caf\xe9", "café")
+            assert client.connections_opened == 1
+
+
+async def test_connection_close_response_is_not_pooled(nursery: trio.Nursery) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            await read_request(stream, bytearray())
+            await stream.send_all(ok(b"bye", b"Connection: close\r\n"))
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"bye"
+            assert client.idle_count() == 0
+
+
+async def test_request_on_the_wire(nursery: trio.Nursery) -> None:
+    heads: list[bytes] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            head = await read_request(stream, bytearray())
+            assert head is not None
+            heads.append(head)
+            await stream.send_all(ok(b""))
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            await client.post(url + "/a b/ü?q=x y", b"{}", JSON, timeout=5)
+    lines = heads[0].split(b"\r\n")
+    assert lines[0] == b"POST /a%20b/%C3%BC?q=x%20y HTTP/1.1"
+    assert b"User-Agent: claimkit" in lines
+    assert b"Content-Length: 2" in lines
+    assert any(line.startswith(b"Host: 127.0.0.1:") for line in lines)
+
+
+async def test_errors_before_any_connection() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with HttpClient(max_connections=1) as client:
+            with pytest.raises(InvalidURL, match="unsupported protocol 'ftp://'"):
+                await client.post("ftp://x/y", b"", [], timeout=1)
+            with pytest.raises(InvalidURL, match="invalid request"):
+                await client.post("http://127.0.0.1:1/", b"", [(b"bad\n", b"x")], timeout=1)
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            with pytest.raises(ConnectError):
+                await client.post(f"http://127.0.0.1:{port}/", b"", [], timeout=1)
+        with pytest.raises(RuntimeError, match="closed"):
+            await client.post("http://127.0.0.1:1/", b"", [], timeout=1)
+    with pytest.raises(ValueError, match="at least 1"):
+        HttpClient(max_connections=0)
+
+
+async def test_cancelled_request_frees_its_slot_and_closes_its_connection(
+    nursery: trio.Nursery,
+) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            buf = bytearray()
+            while await read_request(stream, buf) is not None:
+                await trio.sleep(0.3)
+                await stream.send_all(ok(b"late"))
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            with trio.move_on_after(0.05):
+                await client.post(url, b"{}", JSON, timeout=5)
+            assert client.idle_count() == 0
+            # The slot is free again: the next request goes through on a new connection.
+            assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"late"
+            assert client.connections_opened == 2
