@@ -52,6 +52,9 @@ SWEEP_TIMEOUT_SECONDS = 10.0
 """The shielded sweep's own deadline (SPEC §5). Claims it cannot return lapse and are
 reclaimed by any instance (SPEC §3.7): nothing is lost, only delayed."""
 
+HURRY_SECONDS = 1.0
+"""After a second SIGTERM/SIGINT, how long the remaining shutdown steps may still take."""
+
 CANCEL_GRACE_SECONDS = 1.0
 """After in-flight work is cancelled, how long the shutdown waits for it to unwind before
 sweeping claims whose task ignores cancellation."""
@@ -87,13 +90,14 @@ class Summary:
     redelivered: int = 0
     dead_lettered: int = 0
     lost_claims: int = 0
+    left_to_lapse: int = 0  # held at exit: the sweep could not return them (Redis away)
 
     def line(self) -> str:
         return (
             f"claimkit: claimed={self.claimed} acked={self.acked} retried={self.retried} "
             f"released={self.released} duplicates_suppressed={self.duplicates_suppressed} "
             f"redelivered={self.redelivered} dead_lettered={self.dead_lettered} "
-            f"lost_claims={self.lost_claims}"
+            f"lost_claims={self.lost_claims} left_to_lapse={self.left_to_lapse}"
         )
 
 
@@ -131,6 +135,7 @@ class QueueRuntime:
     metrics: QueueMetrics
     held: dict[str, _Held] = field(default_factory=dict)
     inflight: int = 0
+    gate_error: str = ""  # the last gate error logged, so a stuck gate is logged once
 
     @property
     def name(self) -> str:
@@ -210,7 +215,9 @@ class Consumer:
         self._hurry = trio.Event()
         self._slots = trio.CapacityLimiter(config.concurrency)
         self._offset = 0.0  # server clock - local clock, seconds
-        self._redis_ok = False
+        self._redis_ok: bool | None = None  # None until the first call answers or fails
+        self._swept = False
+        self._budget_end: float | None = None
         self._ack_send, self._ack_recv = trio.open_memory_channel[_Job](math.inf)
         self._poll_scope = trio.CancelScope()
         self._work_scope = trio.CancelScope()
@@ -266,13 +273,19 @@ class Consumer:
                 await self._shutdown()
                 # Sweep before the nursery closes: a task that ignores cancellation keeps
                 # the nursery open, but must not keep its claim (SPEC §3.6).
-                with trio.CancelScope(shield=True), trio.move_on_after(SWEEP_TIMEOUT_SECONDS):
-                    await self._sweep()
+                await self._within_budget(self._sweep)
                 nursery.cancel_scope.cancel()
         finally:
             self._phase = _Phase.STOPPED
-            with trio.CancelScope(shield=True), trio.move_on_after(SWEEP_TIMEOUT_SECONDS):
-                await self._sweep()
+            if not self._swept:  # an error or a cancellation skipped the orderly shutdown
+                await self._within_budget(self._sweep)
+            self.summary.left_to_lapse = self.held_count()
+            if self.summary.left_to_lapse:
+                log.error(
+                    "claimkit: %d claims could not be returned; their leases will lapse and "
+                    "any instance's reclaimer will redeliver them",
+                    self.summary.left_to_lapse,
+                )
             if self._http is not None and self._own_http:
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await self._http.aclose()
@@ -305,11 +318,28 @@ class Consumer:
         # Acks already handed to the acker are flushed before the sweep, so a finished
         # request is acked rather than released and run again.
         self._ack_send.close()
-        with trio.CancelScope(shield=True), trio.move_on_after(SWEEP_TIMEOUT_SECONDS):
-            await self._acker_done.wait()
+        await self._within_budget(self._acker_done.wait)
+
+    async def _within_budget(self, fn: Callable[[], Awaitable[object]]) -> None:
+        """Run a shutdown step shielded from cancellation, until it finishes or the
+        shutdown budget runs out: ``SWEEP_TIMEOUT_SECONDS`` from the first step, cut to
+        ``HURRY_SECONDS`` from the moment a second signal arrives (SPEC §5)."""
+        if self._budget_end is None:
+            self._budget_end = trio.current_time() + SWEEP_TIMEOUT_SECONDS
+        with trio.CancelScope(shield=True, deadline=self._budget_end) as scope:
+            async with trio.open_nursery() as nursery:
+
+                async def hurry() -> None:
+                    await self._hurry.wait()
+                    scope.deadline = min(scope.deadline, trio.current_time() + HURRY_SECONDS)
+
+                nursery.start_soon(hurry)
+                await fn()
+                nursery.cancel_scope.cancel()
 
     async def _sweep(self) -> None:
         """Hand every claim this process still holds back to pending (SPEC §3.6)."""
+        self._swept = True
         for q in self.queues:
             items = list(q.held.items())
             if not items:
@@ -379,12 +409,12 @@ class Consumer:
 
     def _redis_failed(self, where: str, exc: Exception) -> None:
         """Note a failed Redis call; say so once per outage, not once per retry."""
-        if self._redis_ok or isinstance(exc, StoreError):
+        if self._redis_ok is not False or isinstance(exc, StoreError):
             log.warning("%s: %s; retrying with backoff", where, exc)
         self._redis_ok = False
 
     def _redis_answered(self) -> None:
-        if not self._redis_ok:
+        if self._redis_ok is False:
             log.info("claimkit: Redis answers again")
         self._redis_ok = True
 
@@ -417,8 +447,11 @@ class Consumer:
         live = [e for e in valid if e.deadline > now]
         try:
             admitted = await q.gate.admit(len(live), q.inflight)
+            q.gate_error = ""
         except GateError as exc:
-            log.warning("gate of %s: %s; candidates stay pending", q.name, exc)
+            if str(exc) != q.gate_error:  # once per distinct error, not once per poll
+                log.warning("gate of %s: %s; candidates stay pending", q.name, exc)
+            q.gate_error = str(exc)
             admitted = 0
         if admitted < len(live):
             q.metrics.shedded.inc(len(live) - admitted)
