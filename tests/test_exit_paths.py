@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+import redis_state
 import trio
+from redis_state import Between, server_now
 
 from claimkit._config import QueueConfig
 from claimkit._gates import GateError, make_gate
@@ -42,68 +44,15 @@ LEASE = 60.0
 approx = pytest.approx
 
 
-class Ttl(int):
-    """A ``TTL`` reply in seconds. It ticks on while a test runs, so a positive one equals
-    any positive TTL it could have come from within two seconds; -1 and -2 are exact."""
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, int) and not isinstance(other, bool) and other > 0 < self:
-            return other - 2 <= int(self) <= other
-        return int(self) == other
-
-    __hash__ = int.__hash__
-
-
-class Between:
-    """Equal to any number in ``[lo, hi]``."""
-
-    def __init__(self, lo: float, hi: float) -> None:
-        self.lo, self.hi = lo, hi
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, int | float) and self.lo <= other <= self.hi
-
-    def __repr__(self) -> str:
-        return f"Between({self.lo}, {self.hi})"
-
-
-def pairs(reply: Any) -> list[tuple[Any, Any]]:
-    if isinstance(reply, dict):
-        return list(reply.items())
-    if reply and isinstance(reply[0], list):
-        return [(a, b) for a, b in reply]
-    return list(zip(reply[0::2], reply[1::2], strict=True))
-
-
 async def snapshot(store: Store, *, with_active: bool = False) -> dict[str, Any]:
-    """The whole keyspace (see ``test_protocol.snapshot``). The producer's
-    ``request-active:<id>`` keys are left out (no exit path touches them) unless asked for,
-    and then only their values are compared."""
-    out: dict[str, Any] = {}
-    for key in sorted(await store.command("KEYS", "*")):
-        name = key.decode()
-        if name.startswith("request-active:"):
-            if with_active:  # its TTL ticks on: the value is what must not change
-                out[name] = await store.command("GET", key)
-            continue
-        kind = await store.command("TYPE", key)
-        if kind == b"zset":
-            out[name] = [
-                (m, float(s))
-                for m, s in pairs(await store.command("ZRANGE", key, 0, -1, "WITHSCORES"))
-            ]
-        elif kind == b"hash":
-            out[name] = dict(pairs(await store.command("HGETALL", key)))
-        elif kind == b"list":
-            out[name] = await store.command("LRANGE", key, 0, -1)
-        else:
-            out[name] = (await store.command("GET", key), Ttl(await store.command("TTL", key)))
+    """The whole keyspace (``redis_state.snapshot``). The producer's ``request-active:<id>``
+    keys are left out (no exit path touches them) unless asked for, and then only their
+    values are compared (their TTL ticks on)."""
+    out = await redis_state.snapshot(store, skip_prefix="request-active:")
+    if with_active:
+        for key in await store.command("KEYS", "request-active:*"):
+            out[key.decode()] = await store.command("GET", key)
     return out
-
-
-async def server_now(store: Store) -> float:
-    sec, usec = await store.command("TIME")
-    return int(sec) + int(usec) / 1_000_000
 
 
 async def submit(store: Store, *requests: dict[str, Any]) -> list[Envelope]:

@@ -33,6 +33,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from redis_state import pairs
 
 from claimkit._keys import QueueKeys
 from claimkit._models import Envelope, TerminalRecord, parse_member, retry_member
@@ -373,26 +374,26 @@ class ProtocolMachine(RuleBasedStateMachine):
         m, s = self.model, self.store
         sec, usec = await s.command("TIME")
         now = int(sec) + int(usec) / 1e6
-        pending = _pairs(await s.command("ZRANGE", Q, 0, -1, "WITHSCORES"))
+        pending = pairs(await s.command("ZRANGE", Q, 0, -1, "WITHSCORES"))
         assert {k: float(v) for k, v in pending} == m.pending
-        claimed = dict(_pairs(await s.command("HGETALL", K.claimed)))
+        claimed = dict(pairs(await s.command("HGETALL", K.claimed)))
         assert claimed.keys() == {f.encode() for f in m.claimed_fields()}
         for rid, claim in m.claims.items():
             assert claimed[rid.encode()] == claim.member
             assert float(claimed[(rid + ":score").encode()]) == claim.score
-        owners = dict(_pairs(await s.command("HGETALL", K.owners)))
+        owners = dict(pairs(await s.command("HGETALL", K.owners)))
         assert owners == {rid.encode(): c.token.encode() for rid, c in m.claims.items()}
         index = {
             k.decode(): float(v)
-            for k, v in _pairs(await s.command("ZRANGE", K.index, 0, -1, "WITHSCORES"))
+            for k, v in pairs(await s.command("ZRANGE", K.index, 0, -1, "WITHSCORES"))
         }
         assert {rid: expiry <= now for rid, expiry in index.items()} == {
             rid: c.lapsed for rid, c in m.claims.items()
         }
-        deliveries = dict(_pairs(await s.command("HGETALL", K.deliveries)))
+        deliveries = dict(pairs(await s.command("HGETALL", K.deliveries)))
         assert {k.decode(): int(v) for k, v in deliveries.items()} == m.deliveries
         assert set(await s.command("ZRANGE", K.dead, 0, -1)) == m.dead
-        retry = _pairs(await s.command("ZRANGE", RETRY, 0, -1, "WITHSCORES"))
+        retry = pairs(await s.command("ZRANGE", RETRY, 0, -1, "WITHSCORES"))
         assert {k: float(v) <= now for k, v in retry} == m.retry
         results = await s.command("LRANGE", RESULTS, 0, -1)
         assert [json.loads(r) for r in reversed(results)] == m.results
@@ -400,14 +401,6 @@ class ProtocolMachine(RuleBasedStateMachine):
             marker = await s.command("GET", f"result-terminal:{rid}")
             assert marker == (m.markers[rid].encode() if rid in m.markers else None)
         assert await s.command("EXISTS", "retry-sortedset:dead") == 0
-
-
-def _pairs(reply: Any) -> list[tuple[Any, Any]]:
-    if isinstance(reply, dict):
-        return list(reply.items())
-    if reply and isinstance(reply[0], list):
-        return [(a, b) for a, b in reply]
-    return list(zip(reply[0::2], reply[1::2], strict=True))
 
 
 async def test_claim_protocol_matches_the_model(store: Store) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+from redis_state import Between, server_now, snapshot
 
 from claimkit._keys import QueueKeys
 from claimkit._models import (
@@ -46,31 +47,6 @@ approx = pytest.approx
 # -- helpers ---------------------------------------------------------------------------------
 
 
-class Ttl(int):
-    """A ``TTL`` reply in seconds. It ticks on while a test runs, so a positive one equals
-    any positive TTL it could have come from within two seconds; -1 and -2 are exact."""
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, int) and not isinstance(other, bool) and other > 0 < self:
-            return other - 2 <= int(self) <= other
-        return int(self) == other
-
-    __hash__ = int.__hash__
-
-
-class Between:
-    """Equal to any number in ``[lo, hi]`` (a score set from the server clock)."""
-
-    def __init__(self, lo: float, hi: float) -> None:
-        self.lo, self.hi = lo, hi
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, int | float) and self.lo <= other <= self.hi
-
-    def __repr__(self) -> str:
-        return f"Between({self.lo:.6f}, {self.hi:.6f})"
-
-
 def member(
     rid: str,
     deadline: int,
@@ -98,41 +74,6 @@ def env(raw: bytes) -> Envelope:
     parsed = parse_member(raw)
     assert isinstance(parsed, Envelope), parsed
     return parsed
-
-
-async def server_now(store: Store) -> float:
-    sec, usec = await store.command("TIME")
-    return int(sec) + int(usec) / 1_000_000
-
-
-def pairs(reply: Any) -> list[tuple[Any, Any]]:
-    """A RESP2 flat list, a RESP3 list of pairs or a RESP3 map, as ``[(a, b)]``."""
-    if isinstance(reply, dict):
-        return list(reply.items())
-    if reply and isinstance(reply[0], list):
-        return [(a, b) for a, b in reply]
-    return list(zip(reply[0::2], reply[1::2], strict=True))
-
-
-async def snapshot(store: Store) -> dict[str, Any]:
-    """The whole keyspace: zset -> [(member, score)] in order, hash -> {field: value},
-    list -> [elements] (LRANGE order: newest first), string -> (value, TTL seconds)."""
-    out: dict[str, Any] = {}
-    for key in sorted(await store.command("KEYS", "*")):
-        kind = await store.command("TYPE", key)
-        name = key.decode()
-        if kind == b"zset":
-            out[name] = pairs(await store.command("ZRANGE", key, 0, -1, "WITHSCORES"))
-            out[name] = [(m, float(s)) for m, s in out[name]]
-        elif kind == b"hash":
-            out[name] = dict(pairs(await store.command("HGETALL", key)))
-        elif kind == b"list":
-            out[name] = await store.command("LRANGE", key, 0, -1)
-        elif kind == b"string":
-            out[name] = (await store.command("GET", key), Ttl(await store.command("TTL", key)))
-        else:  # pragma: no cover - the protocol writes no other type
-            out[name] = kind
-    return out
 
 
 async def zadd(store: Store, key: str, pairs: Sequence[tuple[float, bytes]]) -> None:

@@ -1,0 +1,77 @@
+"""Test support: read a private Redis's whole state in a comparable shape.
+
+Shared by the protocol, exit-path and model tests (``pythonpath = ["tests"]`` in the pytest
+config makes it importable as ``redis_state``). Replies may be RESP2 or RESP3 shaped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from claimkit._store import Store
+
+
+class Ttl(int):
+    """A ``TTL`` reply in seconds. It ticks on while a test runs, so a positive one equals
+    any positive TTL it could have come from within two seconds; -1 and -2 are exact."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, int) and not isinstance(other, bool) and other > 0 < self:
+            return other - 2 <= int(self) <= other
+        return int(self) == other
+
+    __hash__ = int.__hash__
+
+
+class Between:
+    """Equal to any number in ``[lo, hi]`` (a score set from the server clock)."""
+
+    def __init__(self, lo: float, hi: float) -> None:
+        self.lo, self.hi = lo, hi
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int | float) and self.lo <= other <= self.hi
+
+    def __repr__(self) -> str:
+        return f"Between({self.lo:.6f}, {self.hi:.6f})"
+
+
+def pairs(reply: Any) -> list[tuple[Any, Any]]:
+    """A RESP2 flat list, a RESP3 list of pairs or a RESP3 map, as ``[(a, b)]``."""
+    if isinstance(reply, dict):
+        return list(reply.items())
+    if reply and isinstance(reply[0], list):
+        return [(a, b) for a, b in reply]
+    return list(zip(reply[0::2], reply[1::2], strict=True))
+
+
+async def server_now(store: Store) -> float:
+    """The Redis server clock, Unix seconds."""
+    sec, usec = await store.command("TIME")
+    return int(sec) + int(usec) / 1_000_000
+
+
+async def snapshot(store: Store, *, skip_prefix: str | None = None) -> dict[str, Any]:
+    """The whole keyspace: zset -> [(member, score)] in order, hash -> {field: value},
+    list -> [elements] (LRANGE order: newest first), string -> (value, TTL seconds).
+    Keys starting with ``skip_prefix`` are left out."""
+    out: dict[str, Any] = {}
+    for key in sorted(await store.command("KEYS", "*")):
+        name = key.decode()
+        if skip_prefix is not None and name.startswith(skip_prefix):
+            continue
+        kind = await store.command("TYPE", key)
+        if kind == b"zset":
+            out[name] = [
+                (m, float(s))
+                for m, s in pairs(await store.command("ZRANGE", key, 0, -1, "WITHSCORES"))
+            ]
+        elif kind == b"hash":
+            out[name] = dict(pairs(await store.command("HGETALL", key)))
+        elif kind == b"list":
+            out[name] = await store.command("LRANGE", key, 0, -1)
+        elif kind == b"string":
+            out[name] = (await store.command("GET", key), Ttl(await store.command("TTL", key)))
+        else:  # pragma: no cover - the protocol writes no other type
+            out[name] = kind
+    return out
