@@ -215,8 +215,9 @@ def inspect_queue(
         console = _console()
 
         async def watching() -> None:
+            # No check before the first view: watch_queue checks key types on every
+            # redraw, and shows "unavailable" (and keeps trying) while Redis is down.
             async with open_store(config.url) as store:
-                await check_key_types(store, target.key_types())
                 await watch_queue(
                     store,
                     queue,
