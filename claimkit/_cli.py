@@ -220,8 +220,16 @@ def demo(
     requests: Annotated[int, typer.Option(help="How many requests to submit.")] = 300,
     keep: Annotated[bool, typer.Option(help="Keep the temp dir (Redis AOF, logs).")] = False,
 ) -> None:
-    """Run the durability demo: private Redis (AOF always), the simulator, two consumers,
-    one SIGKILLed while it holds claims; ends with a summary where lost must be 0."""
+    """Run the durability demo: one of two consumers is SIGKILLed holding claims; lost = 0.
+
+    It starts a private Redis (AOF appendfsync always) and the simulator, submits requests,
+    runs two consumers, SIGKILLs one while it holds claims, and ends with a summary where
+    lost must be 0. Exit status 0 only then. Every process it started is stopped.
+
+    Example:
+
+        claimkit demo --requests 300
+    """
     from ._demo import run_demo
 
     raise typer.Exit(run_demo(requests=requests, keep=keep))
