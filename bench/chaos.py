@@ -345,6 +345,11 @@ class Run:
     def live(self) -> list[ConsumerProc]:
         return [c for c in self.consumers if c.alive() and not c.expected_exit]
 
+    def served(self, c: ConsumerProc) -> bool:
+        """Whether ``c`` logged that it serves (it claims nothing before that line)."""
+        text = (self.workdir / f"{c.name}.err").read_text(errors="replace")
+        return "claimkit: serving " in text
+
     def tail(self, c: ConsumerProc, lines: int = 15) -> str:
         text = (self.workdir / f"{c.name}.err").read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
@@ -650,7 +655,11 @@ async def fault_term(run: Run, fault: Fault) -> None:
         victim.proc.kill()
         await trio.to_thread.run_sync(victim.proc.wait)
         return
-    if code != 0:
+    if code == -signal.SIGTERM and not run.served(victim):
+        # Python was still importing claimkit: no handler yet, nothing claimed yet. From
+        # serve's first line on, a SIGTERM is a graceful stop (exit 0), checked below.
+        log(f"{victim.name} was still starting; SIGTERM ended it before it served")
+    elif code != 0:
         run.failures.append(f"{victim.name} exited {code} after SIGTERM:\n{run.tail(victim)}")
     await trio.sleep(fault.length)
     if len(run.live()) < run.opts.consumers:

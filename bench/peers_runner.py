@@ -116,7 +116,7 @@ async def work(args) -> None:  # type: ignore[no-untyped-def]
 
 def count_calls(store, calls: list[int]) -> None:  # type: ignore[no-untyped-def]
     """Count every round trip the consumer makes (one per command, script or pipeline)."""
-    for name in ("command", "run", "pipeline"):
+    for name in ("command", "run", "run_many", "pipeline"):
         orig = getattr(store, name)
 
         async def counted(*a, _orig=orig, **k):  # type: ignore[no-untyped-def]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 
 import trio
 
@@ -17,9 +20,35 @@ __all__ = ["serve_forever"]
 log = logging.getLogger("claimkit")
 
 
-async def _signals(consumer: Consumer, *, task_status: trio.TaskStatus[None]) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def _signals_while_starting() -> Iterator[list[int]]:
+    """Remember SIGTERM/SIGINT that arrive while ``serve`` starts (Redis connection,
+    preflight, HTTP servers), so that a stop sent then is a graceful stop, not SIGTERM's
+    default action killing the process. :func:`_signals` acts on them once it listens."""
+    early: list[int] = []
+
+    def remember(signum: int, frame: FrameType | None) -> None:
+        early.append(signum)
+
+    previous = {s: signal.signal(s, remember) for s in _STOP_SIGNALS}
+    try:
+        yield early
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+async def _signals(
+    consumer: Consumer, early: list[int], *, task_status: trio.TaskStatus[None]
+) -> None:
+    with trio.open_signal_receiver(*_STOP_SIGNALS) as received:
         task_status.started()
+        for signum in early:
+            log.info("claimkit: %s received while starting", signal.Signals(signum).name)
+            consumer.request_stop()
         async for signum in received:
             log.info("claimkit: %s received", signal.Signals(signum).name)
             consumer.request_stop()
@@ -45,9 +74,17 @@ async def _preflight(store: Store, config: Config) -> None:
 async def serve_forever(config: Config, *, backend: str = "coredis") -> Summary:
     """Run the consumer until SIGTERM/SIGINT and return its summary.
 
+    A SIGTERM or SIGINT received while it starts is acted on as soon as the consumer runs:
+    it stops at once, through the same shutdown.
+
     Raises:
         ConfigError: a port is taken or a gate is misconfigured (one line).
     """
+    with _signals_while_starting() as early:
+        return await _serve(config, backend, early)
+
+
+async def _serve(config: Config, backend: str, early: list[int]) -> Summary:
     async with open_store(config.url, backend=backend) as store:
         await _preflight(store, config)
         try:
@@ -75,7 +112,7 @@ async def serve_forever(config: Config, *, backend: str = "coredis") -> Summary:
                 bound.get("health", "off"),
             )
             async with trio.open_nursery() as nursery:
-                await nursery.start(_signals, consumer)
+                await nursery.start(_signals, consumer, early)
                 summary = await consumer.run()
                 nursery.cancel_scope.cancel()
             return summary

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Arg",
+    "ScriptCall",
     "Store",
     "StoreError",
     "StoreUnavailable",
@@ -36,6 +37,10 @@ __all__ = [
 ]
 
 Arg: TypeAlias = bytes | str | int | float
+
+
+ScriptCall: TypeAlias = tuple[Sequence[str], Sequence[Arg]]
+"""One call of a script: ``(keys, args)``."""
 
 
 class StoreUnavailable(ConnectionError):
@@ -72,6 +77,23 @@ class Store(Protocol):
         ``script.numkeys`` (``ValueError`` otherwise)."""
         ...
 
+    async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Run ``script`` once per ``(keys, args)`` call, all in one round trip.
+
+        The calls go as one pipeline of EVALSHA, not a transaction: each call is atomic on
+        its own and other clients' commands may run between two calls, so a long batch split
+        into calls never holds Redis for longer than its slowest call. Calls refused with
+        NOSCRIPT are sent again by EVAL (a second round trip, which also loads the script).
+
+        Returns one raw reply per call, in order.
+
+        Raises:
+            ValueError: a call's ``len(keys)`` is not ``script.numkeys`` (nothing is sent).
+            StoreError: Redis refused a call for another reason; the other calls ran.
+            StoreUnavailable: as for :meth:`command`; any of the calls may have run.
+        """
+        ...
+
 
 # scheme://user:password@ -- the password runs to the last '@' of the URL (it may hold '@').
 _PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(\S*)(@)")
@@ -90,9 +112,7 @@ def check_url(url: str) -> None:
     parts = urlsplit(url)
     shown = redact_url(url)
     if parts.scheme not in {"redis", "rediss", "unix"}:
-        raise ValueError(
-            f"Redis URL must start with redis://, rediss:// or unix://, got {shown!r}"
-        )
+        raise ValueError(f"Redis URL must start with redis://, rediss:// or unix://, got {shown!r}")
     if parts.scheme == "unix":
         return
     try:

@@ -12,7 +12,7 @@ from coredis.commands.request import CommandRequest
 from coredis.response._callbacks import NoopCallback
 from coredis.retry import NoRetryPolicy
 
-from ._store import Arg, StoreError, StoreUnavailable, check_keys, redact_url
+from ._store import Arg, ScriptCall, StoreError, StoreUnavailable, check_keys, redact_url
 
 if TYPE_CHECKING:
     from ._scripts import Script
@@ -67,6 +67,48 @@ class CoredisStore:
                 return await self._client.execute_command(
                     self._request(("EVAL", script.source, len(keys), *keys, *args))
                 )
+
+    async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        for keys, _ in calls:
+            check_keys(script, keys)
+        with _translated():
+            replies = await self._pipelined(
+                [("EVALSHA", script.sha1, len(keys), *keys, *args) for keys, args in calls]
+            )
+            refused = [i for i, r in enumerate(replies) if isinstance(r, cx.NoScriptError)]
+            if refused:
+                again = await self._pipelined(
+                    [
+                        ("EVAL", script.source, len(calls[i][0]), *calls[i][0], *calls[i][1])
+                        for i in refused
+                    ]
+                )
+                for i, reply in zip(refused, again, strict=True):
+                    replies[i] = reply
+            for reply in replies:
+                if isinstance(reply, cx.RedisError):
+                    raise reply
+            return replies
+
+    async def _pipelined(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """One non-transactional pipeline; a command Redis refused gives its exception as
+        its reply. A broken connection raises."""
+        pending: list[Any] = []
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pending = [
+                    pipe.create_request(str(c[0]).upper().encode(), *c[1:], callback=_NOOP)
+                    for c in commands
+                ]
+        except cx.ResponseError:
+            pass  # the refused command's error comes back below, with its own reply
+        replies: list[Any] = []
+        for p in pending:
+            try:
+                replies.append(await p)
+            except cx.ResponseError as exc:
+                replies.append(exc)
+        return replies
 
 
 @asynccontextmanager

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._config import ConfigError
-from ._store import Arg, StoreError, StoreUnavailable, check_keys, redact_url
+from ._store import Arg, ScriptCall, StoreError, StoreUnavailable, check_keys, redact_url
 
 if TYPE_CHECKING:
     from ._scripts import Script
@@ -162,6 +162,46 @@ class RedispyStore:
             return await execute("EVALSHA", script.sha1, len(keys), *keys, *args)
         except self._x.NoScriptError:
             return await execute("EVAL", script.source, len(keys), *keys, *args)
+
+    async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Run ``script`` once per ``(keys, args)`` call in one round trip (see
+        :meth:`claimkit._store.Store.run_many`).
+
+        Raises:
+            ValueError: a call's ``len(keys) != script.numkeys``; nothing is sent.
+        """
+        for keys, _ in calls:
+            check_keys(script, keys)
+        replies: list[Any] = await self._call(self._run_many, script, calls)
+        return replies
+
+    async def _run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        # Runs on the asyncio loop.
+        replies = await self._pipelined(
+            [("EVALSHA", script.sha1, len(keys), *keys, *args) for keys, args in calls]
+        )
+        refused = [i for i, r in enumerate(replies) if isinstance(r, self._x.NoScriptError)]
+        if refused:
+            again = await self._pipelined(
+                [
+                    ("EVAL", script.source, len(calls[i][0]), *calls[i][0], *calls[i][1])
+                    for i in refused
+                ]
+            )
+            for i, reply in zip(refused, again, strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    async def _pipelined(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        # Runs on the asyncio loop. A refused command gives its exception as its reply.
+        async with self._client.pipeline(transaction=False) as pipe:
+            for args in commands:
+                pipe.execute_command(*args)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            return replies
 
 
 def _message(exc: BaseException) -> str:

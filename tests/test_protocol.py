@@ -27,9 +27,17 @@ from claimkit._models import (
     parse_member,
     retry_member,
 )
-from claimkit._protocol import CHUNK, AckItem, ClaimCode, QueueOps, move_retries, new_token
+from claimkit._protocol import (
+    CHUNK,
+    RENEW_CHUNK,
+    AckItem,
+    ClaimCode,
+    QueueOps,
+    move_retries,
+    new_token,
+)
 from claimkit._scripts import Script
-from claimkit._store import Arg, Store
+from claimkit._store import Arg, ScriptCall, Store
 
 Q = "{tenant-a}:requests"
 K = QueueKeys.for_queue(Q)
@@ -354,6 +362,59 @@ async def test_renew_wrong_token_or_gone_changes_nothing(store: Store) -> None:
         assert await snapshot(store) == before  # no index entry created for "nobody"
 
 
+class CountingStore:
+    """Delegates to a real store; records each round trip and each script call."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner, self.url = inner, inner.url
+        self.trips: list[tuple[str, int]] = []  # (method, commands or script calls sent)
+        self.runs: list[str] = []  # script names, one per script call
+
+    async def command(self, *args: Arg) -> Any:
+        self.trips.append(("command", 1))
+        return await self.inner.command(*args)
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
+        self.trips.append(("pipeline", len(commands)))
+        return await self.inner.pipeline(commands, transaction=transaction)
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        self.trips.append(("run", 1))
+        self.runs.append(script.name)
+        return await self.inner.run(script, keys, args)
+
+    async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        self.trips.append(("run_many", len(calls)))
+        self.runs += [script.name] * len(calls)
+        return await self.inner.run_many(script, calls)
+
+
+async def test_a_renew_tick_is_one_round_trip_of_bounded_calls(store: Store) -> None:
+    """More claims than two chunks: one pipelined round trip of three script calls renews
+    every lease; a stolen claim in the last chunk is reported at its position."""
+    with trio.fail_after(20):
+        n = 2 * RENEW_CHUNK + 5
+        now = int(await server_now(store))
+        raws = [member(f"h-{i}", now + 3600) for i in range(n)]
+        await zadd(store, Q, [(now + 3600, r) for r in raws])
+        claimed_at, codes, tokens = await claim_all(QueueOps(store, Q), raws, ttl=10)
+        assert codes == [ClaimCode.CLAIMED] * n
+        await store.command("HSET", K.owners, f"h-{n - 1}", TOKEN_B)  # stolen meanwhile
+        counting = CountingStore(store)
+
+        server, codes = await QueueOps(counting, Q).renew(
+            [(f"h-{i}", t, now + 3600) for i, t in enumerate(tokens)], lease_ttl=100
+        )
+
+        assert counting.trips == [("run_many", 3)]
+        assert codes == [1] * (n - 1) + [-1]
+        index = dict((await snapshot(store))[K.index])
+        assert index[f"h-{n - 1}".encode()] == approx(claimed_at + 10, abs=1e-5)
+        # Each chunk runs at its own server instant, never later than the reply's.
+        leases = [index[f"h-{i}".encode()] for i in range(n - 1)]
+        assert all(claimed_at + 100 < lease <= server + 100 + 1e-5 for lease in leases)
+
+
 async def test_renew_is_capped_at_deadline_plus_30(store: Store) -> None:
     with trio.fail_after(10):
         ops = QueueOps(store, Q)
@@ -645,24 +706,6 @@ async def test_move_retries_routes_due_members_and_dead_letters_the_rest(store: 
             # One server time for the batch; equal scores sort by member bytes.
             RETRY_DEAD: [(m, Between(t0, t1)) for m in sorted([bad_json, no_queue, str_deadline])],
         }
-
-
-class CountingStore:
-    """Counts script calls; delegates everything to a real store."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
-        self.runs: list[str] = []
-
-    async def command(self, *args: Arg) -> Any:
-        return await self.inner.command(*args)
-
-    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
-        return await self.inner.pipeline(commands, transaction=transaction)
-
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        self.runs.append(script.name)
-        return await self.inner.run(script, keys, args)
 
 
 async def test_move_retries_drains_a_backlog_larger_than_its_limit(store: Store) -> None:

@@ -28,7 +28,7 @@ from claimkit import _scripts
 from claimkit._models import Envelope, Invalid, TerminalRecord, parse_member
 from claimkit._protocol import AckItem, QueueOps, move_retries
 from claimkit._scripts import Script, ScriptError, all_scripts, script
-from claimkit._store import Arg, Store
+from claimkit._store import Arg, ScriptCall, Store
 
 SOURCE_LUA = Path(__file__).resolve().parent.parent / "lua"
 """The source tree's ``lua/`` (tests run from a checkout)."""
@@ -287,6 +287,10 @@ class RecordingStore:
     async def run(self, s: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         self.runs.append((s.name, list(keys)))
         return await self.inner.run(s, keys, args)
+
+    async def run_many(self, s: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        self.runs += [(s.name, list(keys)) for keys, _ in calls]
+        return await self.inner.run_many(s, calls)
 
 
 def member(rid: str, deadline: int) -> bytes:

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,12 @@ import pytest
 import trio
 
 from claimkit._producer import Producer
+from claimkit._redis_server import RedisServer
 from claimkit._store import Store, open_store
 
 pytestmark = pytest.mark.slow
 
+RedisFactory = Callable[..., RedisServer]
 CLAIMKIT = str(Path(sys.executable).with_name("claimkit"))
 Q = "requests"
 
@@ -263,6 +265,43 @@ def test_unreachable_redis_at_start_is_retried_not_fatal(tmp_path: Path) -> None
             in (tmp_path / "u.log").read_text()
         )
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def connected_to(port: int) -> bool:
+    """Whether any local TCP connection to ``port`` is established (Linux /proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        _, _, remote, state, *_ = line.split()
+        if int(remote.rsplit(":", 1)[1], 16) == port and state == "01":
+            return True
+    return False
+
+
+def test_sigterm_while_starting_is_a_graceful_stop(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    """SIGTERM while serve still starts (its preflight waits on a frozen Redis) must not
+    kill it by the signal's default action: it stops through the shutdown, exit 0."""
+    server = redis_factory()
+    server.pause()
+    log = tmp_path / "w.log"
+    proc = serve(server.url, "http://127.0.0.1:9", log)
+    try:
+        end = time.monotonic() + 30
+        while not connected_to(server.port):
+            assert time.monotonic() < end and proc.poll() is None, log.read_text()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        assert proc.poll() is None  # still waiting for Redis, not killed
+        server.resume()
+        assert proc.wait(30) == 0, log.read_text()
+        assert summary_of(log)["claimed"] == 0
+        assert "claimkit: SIGTERM received while starting" in log.read_text()
+    finally:
+        server.resume()
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)

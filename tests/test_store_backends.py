@@ -249,6 +249,51 @@ async def test_run_and_noscript_fallback(bstore: Store) -> None:
             await bstore.run(script, ["a", "b"], [])
 
 
+async def test_run_many_in_order_with_noscript_fallback(bstore: Store) -> None:
+    script = make_script("return {KEYS[1], ARGV[1], redis.call('INCR', KEYS[1])}", 1)
+    calls = [(["a"], ["x"]), (["b"], [b"y"]), (["a"], [3])]
+    with trio.fail_after(DEADLINE):
+        await bstore.command("SCRIPT", "FLUSH")
+        await bstore.command("CONFIG", "RESETSTAT")
+        # Not cached: every EVALSHA gets NOSCRIPT, each call is sent again by EVAL, once.
+        assert await bstore.run_many(script, calls) == [
+            [b"a", b"x", 1],
+            [b"b", b"y", 1],
+            [b"a", b"3", 2],
+        ]
+        stats = await command_calls(bstore)
+        assert (stats["evalsha"], stats["eval"]) == (3, 3)
+        # Cached now: EVALSHA only.
+        assert await bstore.run_many(script, calls[:1]) == [[b"a", b"x", 3]]
+        assert (await command_calls(bstore))["evalsha"] == 4
+        assert await bstore.run_many(script, []) == []
+        with pytest.raises(ValueError, match="takes 1 keys, got 0"):
+            await bstore.run_many(script, [(["a"], []), ([], [])])
+        assert await bstore.command("MGET", "a", "b") == [b"3", b"1"]  # nothing was sent
+
+
+async def command_calls(store: Store) -> dict[str, int]:
+    """``calls=`` per command from ``INFO commandstats``, lower-case names."""
+    info: bytes = await store.command("INFO", "commandstats")
+    out: dict[str, int] = {}
+    for line in info.decode().splitlines():
+        if line.startswith("cmdstat_"):
+            name, fields = line[len("cmdstat_") :].split(":", 1)
+            out[name] = int(dict(f.split("=") for f in fields.split(","))["calls"])
+    return out
+
+
+async def test_run_many_refused_call_is_store_error_and_the_others_ran(bstore: Store) -> None:
+    script = make_script(
+        "if ARGV[1] == 'bad' then error('boom') end; return redis.call('INCR', KEYS[1])", 1
+    )
+    with trio.fail_after(DEADLINE):
+        with pytest.raises(StoreError, match="boom"):
+            await bstore.run_many(script, [(["n"], ["ok"]), (["n"], ["bad"]), (["n"], ["ok"])])
+        assert await bstore.command("GET", "n") == b"2"
+        assert await bstore.command("PING") == b"PONG"
+
+
 async def test_script_error_is_store_error(bstore: Store) -> None:
     with trio.fail_after(DEADLINE):
         with pytest.raises(StoreError, match="boom"):
@@ -296,6 +341,8 @@ async def test_closed_port_is_unavailable(backend: str) -> None:
                 await store.run(make_script("return 1", 0), [], [])
             with pytest.raises(StoreUnavailable):
                 await store.pipeline([("PING",)], transaction=True)
+            with pytest.raises(StoreUnavailable):
+                await store.run_many(make_script("return 1", 0), [([], [])])
     gc.collect()  # the leaked streams warn now, under this test's filter
 
 
