@@ -197,8 +197,9 @@ def inspect_queue(
 
     Counts (pending, claimed, expired, retrying, dead, results), the oldest pending
     deadline, and the claims with the earliest lease expiry first: id, owner token
-    (short), lease left on the Redis server clock, deliveries, and (with --watch) how long
-    the claim has been seen held. Expired leases are red: any reclaimer may redeliver them.
+    (short), lease left on the Redis server clock, deliveries, and how long the claim has
+    been held (exact for claimkit's tokens, which carry their claim time; with --watch a
+    lower bound for others). Expired leases are red: any reclaimer may redeliver them.
     Reads only the queue's own keys, the retry set and the result list; never KEYS or SCAN.
 
     Example:

@@ -80,8 +80,9 @@ def short_token(token: str | None) -> str:
 
 def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = None) -> Table:
     """The claim table: id, owner (short), lease left (server clock), deliveries, held
-    (only when tracked, i.e. with ``--watch``), and its deadline relative to ``now`` (the
-    original pending score it returns at; Unix seconds, server clock).
+    (when any row knows it: exact from a claimkit token, ``≥`` a lower bound seen by
+    ``--watch``), and its deadline relative to ``now`` (the original pending score it
+    returns at; Unix seconds, server clock).
 
     Expired leases are shown in bold red; ghost entries (no owner or payload) dimmed.
     """
@@ -99,7 +100,10 @@ def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = No
             lease = Text(f"expired {format_duration(row.lease_left)} ago", style="bold red")
         else:
             lease = Text(format_duration(row.lease_left))
-        held = "-" if row.held_seconds is None else f"≥{format_duration(row.held_seconds)}"
+        if row.held_seconds is None:
+            held = "-"
+        else:
+            held = ("" if row.held_exact else "≥") + format_duration(row.held_seconds)
         style = "dim" if row.ghost else ("red" if row.expired else "")
         owner = short_token(row.owner) + (" (ghost)" if row.ghost else "")
         cells: list[str | Text] = [row.id, owner, lease, str(row.deliveries)]

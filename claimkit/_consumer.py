@@ -458,7 +458,8 @@ class Consumer:
         candidates = expired + live[:admitted]
         if not candidates:
             return True  # everything was refused by the gate or dead-lettered: wait
-        pairs = [(env, new_token()) for env in candidates]
+        stamp = self.now()
+        pairs = [(env, new_token(stamp)) for env in candidates]
         server_now, codes = await q.ops.claim(pairs, self.config.claim_lease_ttl_seconds)
         self._offset = server_now - time.time()
         batch: list[tuple[_Held, object]] = []

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _keys
 from ._config import ConfigError
+from ._protocol import token_time
 from ._scripts import script
 
 if TYPE_CHECKING:
@@ -104,9 +105,12 @@ class ClaimRow:
         deliveries: ``<q>:deliveries[id]``, 0 when absent.
         has_payload: whether ``<q>:claimed[id]`` holds the member bytes (a claim without
             them is a ghost, removed by the next reclaim run, SPEC §3.7).
-        held_seconds: how long this claim (same id and token) has been seen held by the
-            caller's ``first_seen`` tracker, seconds; ``None`` when not tracked. The layout
-            records no claim time, so a single snapshot cannot know it.
+        held_seconds: how long this claim has been held, seconds, or ``None`` when not
+            known. Exact when the owner token is claimkit's (a UUIDv7 stamped with the
+            claim time, :func:`claimkit._protocol.token_time`); otherwise how long the
+            caller's ``first_seen`` tracker (``--watch``) has seen the same id and token
+            held, a lower bound.
+        held_exact: ``held_seconds`` comes from the token's claim time, not a lower bound.
     """
 
     id: str
@@ -117,6 +121,7 @@ class ClaimRow:
     deliveries: int
     has_payload: bool
     held_seconds: float | None = None
+    held_exact: bool = False
 
     @property
     def expired(self) -> bool:
@@ -139,6 +144,7 @@ class ClaimRow:
             "deliveries": self.deliveries,
             "ghost": self.ghost,
             "held_seconds": None if self.held_seconds is None else round(self.held_seconds, 6),
+            "held_exact": self.held_exact,
         }
 
 
@@ -267,7 +273,8 @@ async def snapshot(
         limit: at most this many claim rows, earliest lease expiry first; 0 = all.
         first_seen: a tracker kept across calls (``--watch``): ``(id, token)`` -> the
             server time the claim was first seen. It is updated here (claims gone are
-            forgotten) and gives each row its ``held_seconds``. ``None``: not tracked.
+            forgotten) and gives a lower-bound ``held_seconds`` to rows whose token carries
+            no claim time. ``None``: not tracked.
 
     Returns:
         A :class:`QueueSnapshot`.
@@ -290,15 +297,20 @@ async def snapshot(
     for i in range(0, len(raw_rows), 6):
         rid, expiry, owner, score, deliveries, has_payload = raw_rows[i : i + 6]
         lease_expiry = float(expiry)
+        token = None if owner is None else _text(owner)
+        claimed_at = None if token is None else token_time(token)
         rows.append(
             ClaimRow(
                 id=_text(rid),
-                owner=None if owner is None else _text(owner),
+                owner=token,
                 lease_expiry=lease_expiry,
                 lease_left=lease_expiry - now,
                 score=_float(score),
                 deliveries=0 if deliveries is None else int(deliveries),
                 has_payload=bool(int(has_payload)),
+                # The stamp is the consumer's estimate of the server clock: never negative.
+                held_seconds=None if claimed_at is None else max(0.0, now - claimed_at),
+                held_exact=claimed_at is not None,
             )
         )
     if first_seen is not None:
@@ -346,7 +358,7 @@ def _track_held(
         key = (row.id, row.owner)
         current.add(key)
         since = first_seen.setdefault(key, now)
-        out.append(replace(row, held_seconds=now - since))
+        out.append(row if row.held_exact else replace(row, held_seconds=now - since))
     for key in [key for key in first_seen if key not in current]:
         del first_seen[key]
     return out

@@ -10,7 +10,9 @@ consumer, the operator commands and the tests all call the protocol through it.
 
 from __future__ import annotations
 
+import re
 import secrets
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,6 +33,7 @@ __all__ = [
     "ReclaimCounts",
     "move_retries",
     "new_token",
+    "token_time",
 ]
 
 CHUNK = 500
@@ -50,9 +53,34 @@ def _chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
-def new_token() -> str:
-    """A fresh ownership token: 128 random bits as 32 hex chars (SPEC §1 asks ≥ 64 bits)."""
-    return secrets.token_hex(16)
+_UUID7_HEX = re.compile(r"[0-9a-f]{12}7[0-9a-f]{3}[89ab][0-9a-f]{15}")
+
+
+def new_token(now: float | None = None) -> str:
+    """A fresh ownership token (SPEC §1): a UUIDv7 (RFC 9562) as 32 lower-case hex chars.
+
+    48 bits of Unix time in milliseconds, the version (7) and variant bits, and 74 random
+    bits, so it stays unguessable (SPEC §1 asks at least 64 random bits) and also says when
+    the claim was taken: :func:`token_time` reads it back for ``claimkit inspect``. Fencing
+    compares tokens for equality only; the time in it never decides anything.
+
+    Args:
+        now: Unix seconds to stamp, ideally the Redis server clock as the caller estimates
+            it; this machine's clock when ``None``.
+    """
+    ms = int((time.time() if now is None else now) * 1000) & 0xFFFF_FFFF_FFFF
+    rand = int.from_bytes(secrets.token_bytes(10), "big") & ((1 << 74) - 1)
+    rand_a, rand_b = rand >> 62, rand & ((1 << 62) - 1)
+    value = (ms << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
+    return f"{value:032x}"
+
+
+def token_time(token: str) -> float | None:
+    """The Unix seconds a :func:`new_token` token was stamped with, or ``None`` when
+    ``token`` is not a 32-hex UUIDv7 (another consumer's token, say)."""
+    if _UUID7_HEX.fullmatch(token) is None:
+        return None
+    return int(token[:12], 16) / 1000
 
 
 class ClaimCode:

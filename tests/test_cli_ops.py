@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import io
 import json
+import re
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from claimkit._cli import app
 from claimkit._cli_ops import watch_queue
 from claimkit._inspect import queue_key_types
 from claimkit._producer import Producer
+from claimkit._protocol import new_token
 from claimkit._store import Arg, Store, open_store
 
 T = TypeVar("T")
@@ -196,6 +198,7 @@ def test_inspect_json_matches_the_redis_state_exactly(redis_url: str) -> None:
             "deliveries": deliveries,
             "ghost": owner is None,
             "held_seconds": None,
+            "held_exact": False,
         }
 
     assert doc == {
@@ -269,6 +272,10 @@ async def test_watch_redraws_and_tracks_held_time(store: Store) -> None:
         sec, _ = await store.command("TIME")
         for command in claim_commands(Q, "c1", token=TOKEN_A, expiry=int(sec) + 100, score=1):
             await store.command(*command)
+        # A claimkit token carries its claim time: three hours ago, shown exactly.
+        stamped = new_token(int(sec) - 3 * 3600 - 30)
+        for command in claim_commands(Q, "c2", token=stamped, expiry=int(sec) + 200, score=1):
+            await store.command(*command)
         out = io.StringIO()
         console = Console(file=out, width=200, force_terminal=False)
         await watch_queue(
@@ -283,9 +290,12 @@ async def test_watch_redraws_and_tracks_held_time(store: Store) -> None:
             refreshes=2,
         )
         text = out.getvalue()
-        assert "claims (1 of 1" in text
-        assert "held" in text and "≥" in text
-        assert "aaaaaaaa" in text
+        assert "claims (2 of 2" in text
+        # The last redraw's rows.
+        c1_line = [line for line in text.splitlines() if "aaaaaaaa" in line][-1]
+        c2_line = [line for line in text.splitlines() if stamped[:8] in line][-1]
+        assert re.search(r"│ +≥\d+ms │", c1_line), c1_line  # foreign token: seen, a lower bound
+        assert re.search(r"│ +3h00m │", c2_line), c2_line
 
 
 @coredis_leaks_on_failed_connect

@@ -22,6 +22,7 @@ from claimkit._inspect import (
     snapshot,
     with_scores,
 )
+from claimkit._protocol import new_token
 from claimkit._store import Store
 
 Q = "{tenant-a}:requests"
@@ -208,6 +209,32 @@ async def test_held_time_is_tracked_across_snapshots(store: Store) -> None:
         assert (await snapshot(store, Q)).claims[0].held_seconds is None
 
 
+async def test_held_time_of_a_claimkit_token_is_exact(store: Store) -> None:
+    """claimkit's tokens carry their claim time (UUIDv7): held is exact, with or without a
+    tracker; a stamp ahead of the server clock shows 0, never a negative hold."""
+    with trio.fail_after(10):
+        now = await server_now(store)
+        stamped = new_token(now - 42.5)
+        ahead = new_token(now + 60)
+        await seed_claim(store, Q, "c1", token=stamped, expiry=now + 100, score=int(now) + 500)
+        await seed_claim(store, Q, "c2", token=ahead, expiry=now + 101, score=int(now) + 500)
+        await seed_claim(store, Q, "c3", token=TOKEN_A, expiry=now + 102, score=int(now) + 500)
+        seen: dict[tuple[str, str], float] = {}
+        for tracker in (None, seen, seen):
+            snap = await snapshot(store, Q, first_seen=tracker)
+            c1, c2, c3 = snap.claims
+            assert (c1.owner, c1.held_exact) == (stamped, True)
+            assert c1.held_seconds == snap.server_time - int((now - 42.5) * 1000) / 1000
+            assert (c2.held_seconds, c2.held_exact) == (0.0, True)
+            assert c3.held_exact is False
+            if tracker is None:
+                assert c3.held_seconds is None
+            else:  # only the foreign token needs the tracker's lower bound
+                assert c3.held_seconds == snap.server_time - seen[("c3", TOKEN_A)]
+                assert set(seen) == {("c1", stamped), ("c2", ahead), ("c3", TOKEN_A)}
+            assert c1.to_json()["held_exact"] is True
+
+
 async def test_retry_counting_is_bounded(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     with trio.fail_after(10):
         await seed_scenario(store)
@@ -284,6 +311,7 @@ def test_snapshot_json_document_shape() -> None:
                 "deliveries": 3,
                 "ghost": False,
                 "held_seconds": 7.0,
+                "held_exact": False,
             }
         ],
     }

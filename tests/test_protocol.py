@@ -10,6 +10,8 @@ Expired leases are made by writing small index scores, never by sleeping.
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +37,7 @@ from claimkit._protocol import (
     QueueOps,
     move_retries,
     new_token,
+    token_time,
 )
 from claimkit._scripts import Script
 from claimkit._store import Arg, ScriptCall, Store
@@ -315,6 +318,38 @@ async def test_ids_ending_in_score_do_not_collide(store: Store) -> None:
         await ops.reclaim(max_deliveries=0)
         state = await snapshot(store)
         assert state.get(Q) == [(x, now + 100), (xs, now + 200)]
+
+
+# -- ownership tokens (§1) ---------------------------------------------------------------------
+
+
+def test_tokens_are_uuid7_stamped_with_the_claim_time() -> None:
+    tokens = {new_token(1_796_000_000.1234) for _ in range(2000)}
+    assert len(tokens) == 2000  # 74 random bits each: no repeats
+    for token in tokens:
+        assert re.fullmatch(r"[0-9a-f]{32}", token)
+        parsed = uuid.UUID(token)
+        assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122)
+        assert token_time(token) == 1_796_000_000.123  # milliseconds, truncated
+    # The random bits vary across every position they occupy.
+    assert len({t[13:16] for t in tokens}) > 1000 and len({t[17:] for t in tokens}) == 2000
+    assert token_time(new_token(0)) == 0.0
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        "a" * 32,  # hex, but no version 7 / RFC 4122 variant
+        "01a22b67f965" + "4" + "5f2" + "8" + "e255852833103b4",  # a UUIDv4 layout
+        "01A22B67F96575F28E255852833103B4",  # upper case: not ours
+        "01a22b67f96575f2c" + "e255852833103b4",  # variant 110 (Microsoft)
+        "01a22b67f96575f28e255852833103b",  # 31 chars
+        "0x" + "1a22b67f96" + "75f2" + "8e255852833103b4",  # int(x, 16) reads "0x"
+        "",
+    ],
+)
+def test_token_time_is_none_for_tokens_that_are_not_ours(foreign: str) -> None:
+    assert token_time(foreign) is None
 
 
 # -- §3.3 renew ------------------------------------------------------------------------------
