@@ -18,7 +18,7 @@ kinds only, so callers can decide without knowing the client library:
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from urllib.parse import urlsplit
@@ -126,6 +126,33 @@ def check_url(url: str) -> None:
     db = parts.path.strip("/")
     if db and not db.isdigit():
         raise ValueError(f"Redis URL database must be a number, got {db!r} in {shown!r}")
+
+
+async def run_pipelined(
+    script: Script,
+    calls: Sequence[ScriptCall],
+    pipelined: Callable[[list[tuple[Arg, ...]]], Awaitable[list[Any]]],
+    noscript: type[Exception],
+) -> list[Any]:
+    """The body of :meth:`Store.run_many` for a backend's ``pipelined`` function, which
+    sends commands in one non-transactional pipeline and returns, per command, its reply or
+    the exception Redis's refusal became. Calls refused as ``noscript`` are resent by EVAL;
+    the first other refusal is raised (a backend exception, for the backend to translate)."""
+    replies = await pipelined(
+        [("EVALSHA", script.sha1, len(keys), *keys, *args) for keys, args in calls]
+    )
+    refused = [i for i, reply in enumerate(replies) if isinstance(reply, noscript)]
+    if refused:
+        resend = [calls[i] for i in refused]
+        again = await pipelined(
+            [("EVAL", script.source, len(keys), *keys, *args) for keys, args in resend]
+        )
+        for i, reply in zip(refused, again, strict=True):
+            replies[i] = reply
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def check_keys(script: Script, keys: Sequence[str]) -> None:

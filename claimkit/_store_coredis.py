@@ -12,7 +12,15 @@ from coredis.commands.request import CommandRequest
 from coredis.response._callbacks import NoopCallback
 from coredis.retry import NoRetryPolicy
 
-from ._store import Arg, ScriptCall, StoreError, StoreUnavailable, check_keys, redact_url
+from ._store import (
+    Arg,
+    ScriptCall,
+    StoreError,
+    StoreUnavailable,
+    check_keys,
+    redact_url,
+    run_pipelined,
+)
 
 if TYPE_CHECKING:
     from ._scripts import Script
@@ -72,23 +80,7 @@ class CoredisStore:
         for keys, _ in calls:
             check_keys(script, keys)
         with _translated():
-            replies = await self._pipelined(
-                [("EVALSHA", script.sha1, len(keys), *keys, *args) for keys, args in calls]
-            )
-            refused = [i for i, r in enumerate(replies) if isinstance(r, cx.NoScriptError)]
-            if refused:
-                again = await self._pipelined(
-                    [
-                        ("EVAL", script.source, len(calls[i][0]), *calls[i][0], *calls[i][1])
-                        for i in refused
-                    ]
-                )
-                for i, reply in zip(refused, again, strict=True):
-                    replies[i] = reply
-            for reply in replies:
-                if isinstance(reply, cx.RedisError):
-                    raise reply
-            return replies
+            return await run_pipelined(script, calls, self._pipelined, cx.NoScriptError)
 
     async def _pipelined(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """One non-transactional pipeline; a command Redis refused gives its exception as

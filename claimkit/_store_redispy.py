@@ -31,7 +31,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._config import ConfigError
-from ._store import Arg, ScriptCall, StoreError, StoreUnavailable, check_keys, redact_url
+from ._store import (
+    Arg,
+    ScriptCall,
+    StoreError,
+    StoreUnavailable,
+    check_keys,
+    redact_url,
+    run_pipelined,
+)
 
 if TYPE_CHECKING:
     from ._scripts import Script
@@ -177,23 +185,7 @@ class RedispyStore:
 
     async def _run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
         # Runs on the asyncio loop.
-        replies = await self._pipelined(
-            [("EVALSHA", script.sha1, len(keys), *keys, *args) for keys, args in calls]
-        )
-        refused = [i for i, r in enumerate(replies) if isinstance(r, self._x.NoScriptError)]
-        if refused:
-            again = await self._pipelined(
-                [
-                    ("EVAL", script.source, len(calls[i][0]), *calls[i][0], *calls[i][1])
-                    for i in refused
-                ]
-            )
-            for i, reply in zip(refused, again, strict=True):
-                replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
+        return await run_pipelined(script, calls, self._pipelined, self._x.NoScriptError)
 
     async def _pipelined(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         # Runs on the asyncio loop. A refused command gives its exception as its reply.
