@@ -74,8 +74,12 @@ def _relative(ts: float, now: float) -> str:
 
 
 def short_token(token: str | None) -> str:
-    """The first :data:`SHORT_TOKEN` hex characters of an owner token (``-`` for none)."""
-    return "-" if token is None else token[:SHORT_TOKEN]
+    """The last :data:`SHORT_TOKEN` hex characters of an owner token (``-`` for none).
+
+    The last ones: claimkit's tokens are UUIDv7s, whose first 12 characters are the claim
+    time in milliseconds (the same for a whole claim batch) and whose last ones are random.
+    """
+    return "-" if token is None else token[-SHORT_TOKEN:]
 
 
 def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = None) -> Table:

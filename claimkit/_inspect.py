@@ -92,6 +92,11 @@ async def check_key_types(store: Store, expected: Mapping[str, str]) -> None:
             )
 
 
+_STAMP_AHEAD_MAX = 300.0
+"""Seconds a token's claim time may lead the server clock (a consumer's clock estimate is
+off by far less); a stamp further ahead is not trusted."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimRow:
     """One claim of ``<q>:claims-idx`` (SPEC §1) as the snapshot saw it.
@@ -299,6 +304,8 @@ async def snapshot(
         lease_expiry = float(expiry)
         token = None if owner is None else _text(owner)
         claimed_at = None if token is None else token_time(token)
+        if claimed_at is not None and claimed_at > now + _STAMP_AHEAD_MAX:
+            claimed_at = None  # not a claim time: a foreign token that matched by chance
         rows.append(
             ClaimRow(
                 id=_text(rid),

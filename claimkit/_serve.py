@@ -7,6 +7,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 import trio
 
@@ -23,30 +24,46 @@ log = logging.getLogger("claimkit")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-@contextmanager
-def _signals_while_starting() -> Iterator[list[int]]:
-    """Remember SIGTERM/SIGINT that arrive while ``serve`` starts (Redis connection,
-    preflight, HTTP servers), so that a stop sent then is a graceful stop, not SIGTERM's
+class _EarlySignals:
+    """SIGTERM/SIGINT that arrived while ``serve`` started (Redis connection, preflight,
+    HTTP servers), remembered so that a stop sent then is a graceful stop, not SIGTERM's
     default action killing the process. :func:`_signals` acts on them once it listens."""
-    early: list[int] = []
 
-    def remember(signum: int, frame: FrameType | None) -> None:
-        early.append(signum)
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
 
-    previous = {s: signal.signal(s, remember) for s in _STOP_SIGNALS}
-    try:
-        yield early
-    finally:
+    def _remember(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+
+    def install(self) -> None:
+        self._previous = {s: signal.signal(s, self._remember) for s in _STOP_SIGNALS}
+
+    def restore(self) -> None:
+        """Put back the handlers found at :meth:`install` (idempotent). Called once the
+        consumer has stopped, so a signal during teardown acts at once (Ctrl-C
+        interrupts it) instead of being remembered for no one."""
+        previous, self._previous = self._previous, {}
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
+@contextmanager
+def _signals_while_starting() -> Iterator[_EarlySignals]:
+    early = _EarlySignals()
+    early.install()
+    try:
+        yield early
+    finally:
+        early.restore()
+
+
 async def _signals(
-    consumer: Consumer, early: list[int], *, task_status: trio.TaskStatus[None]
+    consumer: Consumer, early: _EarlySignals, *, task_status: trio.TaskStatus[None]
 ) -> None:
     with trio.open_signal_receiver(*_STOP_SIGNALS) as received:
         task_status.started()
-        for signum in early:
+        for signum in early.received:
             log.info("claimkit: %s received while starting", signal.Signals(signum).name)
             consumer.request_stop()
         async for signum in received:
@@ -84,7 +101,7 @@ async def serve_forever(config: Config, *, backend: str = "coredis") -> Summary:
         return await _serve(config, backend, early)
 
 
-async def _serve(config: Config, backend: str, early: list[int]) -> Summary:
+async def _serve(config: Config, backend: str, early: _EarlySignals) -> Summary:
     async with open_store(config.url, backend=backend) as store:
         await _preflight(store, config)
         try:
@@ -115,6 +132,7 @@ async def _serve(config: Config, backend: str, early: list[int]) -> Summary:
                 await nursery.start(_signals, consumer, early)
                 summary = await consumer.run()
                 nursery.cancel_scope.cancel()
+            early.restore()  # the claims are swept: a signal now may end the teardown
             return summary
         finally:
             servers.__exit__(None, None, None)

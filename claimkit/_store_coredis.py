@@ -57,12 +57,11 @@ class CoredisStore:
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
         with _translated():
-            async with self._client.pipeline(transaction=transaction) as pipe:
-                pending = [
-                    pipe.create_request(str(c[0]).upper().encode(), *c[1:], callback=_NOOP)
-                    for c in commands
-                ]
-            return [await p for p in pending]
+            replies = await self._pipelined(commands, transaction=transaction)
+            for reply in replies:
+                if isinstance(reply, cx.RedisError):
+                    raise reply
+            return replies
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         check_keys(script, keys)
@@ -82,18 +81,18 @@ class CoredisStore:
         with _translated():
             return await run_pipelined(script, calls, self._pipelined, cx.NoScriptError)
 
-    async def _pipelined(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
-        """One non-transactional pipeline; a command Redis refused gives its exception as
-        its reply. A broken connection raises."""
-        pending: list[Any] = []
-        try:
-            async with self._client.pipeline(transaction=False) as pipe:
-                pending = [
-                    pipe.create_request(str(c[0]).upper().encode(), *c[1:], callback=_NOOP)
-                    for c in commands
-                ]
-        except cx.ResponseError:
-            pass  # the refused command's error comes back below, with its own reply
+    async def _pipelined(
+        self, commands: Sequence[Sequence[Arg]], *, transaction: bool = False
+    ) -> list[Any]:
+        """Send ``commands`` in one pipeline; a command Redis refused gives its exception,
+        with Redis's message only, as its reply. (coredis's ``raise_on_error`` would copy
+        every argument of the refused command into the message: payloads and tokens in the
+        logs.) A broken connection or a refused handshake (wrong password) raises."""
+        async with self._client.pipeline(transaction=transaction, raise_on_error=False) as pipe:
+            pending = [
+                pipe.create_request(str(c[0]).upper().encode(), *c[1:], callback=_NOOP)
+                for c in commands
+            ]
         replies: list[Any] = []
         for p in pending:
             try:

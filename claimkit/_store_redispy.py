@@ -148,11 +148,11 @@ class RedispyStore:
 
     async def _pipeline(self, commands: Sequence[Sequence[Arg]], transaction: bool) -> list[Any]:
         # Runs on the asyncio loop.
-        async with self._client.pipeline(transaction=transaction) as pipe:
-            for args in commands:
-                pipe.execute_command(*args)
-            reply: list[Any] = await pipe.execute()
-            return reply
+        replies = await self._pipelined(commands, transaction=transaction)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """Run ``script`` by EVALSHA, falling back to EVAL (which also caches it) on NOSCRIPT.
@@ -187,9 +187,13 @@ class RedispyStore:
         # Runs on the asyncio loop.
         return await run_pipelined(script, calls, self._pipelined, self._x.NoScriptError)
 
-    async def _pipelined(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
-        # Runs on the asyncio loop. A refused command gives its exception as its reply.
-        async with self._client.pipeline(transaction=False) as pipe:
+    async def _pipelined(
+        self, commands: Sequence[Sequence[Arg]], *, transaction: bool = False
+    ) -> list[Any]:
+        # Runs on the asyncio loop. A refused command gives its exception, with Redis's
+        # message only, as its reply (raise_on_error=True would copy every argument of the
+        # refused command into the message: payloads and tokens in the logs).
+        async with self._client.pipeline(transaction=transaction) as pipe:
             for args in commands:
                 pipe.execute_command(*args)
             replies: list[Any] = await pipe.execute(raise_on_error=False)

@@ -293,7 +293,7 @@ async def test_watch_redraws_and_tracks_held_time(store: Store) -> None:
         assert "claims (2 of 2" in text
         # The last redraw's rows.
         c1_line = [line for line in text.splitlines() if "aaaaaaaa" in line][-1]
-        c2_line = [line for line in text.splitlines() if stamped[:8] in line][-1]
+        c2_line = [line for line in text.splitlines() if stamped[-8:] in line][-1]
         assert re.search(r"│ +≥\d+ms │", c1_line), c1_line  # foreign token: seen, a lower bound
         assert re.search(r"│ +3h00m │", c2_line), c2_line
 

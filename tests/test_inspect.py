@@ -215,23 +215,25 @@ async def test_held_time_of_a_claimkit_token_is_exact(store: Store) -> None:
     with trio.fail_after(10):
         now = await server_now(store)
         stamped = new_token(now - 42.5)
-        ahead = new_token(now + 60)
+        ahead = new_token(now + 60)  # the consumer's clock estimate was a little ahead
+        far = new_token(now + 3600)  # not a claim time
         await seed_claim(store, Q, "c1", token=stamped, expiry=now + 100, score=int(now) + 500)
         await seed_claim(store, Q, "c2", token=ahead, expiry=now + 101, score=int(now) + 500)
         await seed_claim(store, Q, "c3", token=TOKEN_A, expiry=now + 102, score=int(now) + 500)
+        await seed_claim(store, Q, "c4", token=far, expiry=now + 103, score=int(now) + 500)
         seen: dict[tuple[str, str], float] = {}
         for tracker in (None, seen, seen):
             snap = await snapshot(store, Q, first_seen=tracker)
-            c1, c2, c3 = snap.claims
+            c1, c2, c3, c4 = snap.claims
             assert (c1.owner, c1.held_exact) == (stamped, True)
             assert c1.held_seconds == snap.server_time - int((now - 42.5) * 1000) / 1000
             assert (c2.held_seconds, c2.held_exact) == (0.0, True)
-            assert c3.held_exact is False
+            assert c3.held_exact is False and c4.held_exact is False
             if tracker is None:
-                assert c3.held_seconds is None
-            else:  # only the foreign token needs the tracker's lower bound
+                assert c3.held_seconds is None and c4.held_seconds is None
+            else:  # only tokens without a usable claim time need the lower bound
                 assert c3.held_seconds == snap.server_time - seen[("c3", TOKEN_A)]
-                assert set(seen) == {("c1", stamped), ("c2", ahead), ("c3", TOKEN_A)}
+                assert c4.held_seconds == snap.server_time - seen[("c4", far)]
             assert c1.to_json()["held_exact"] is True
 
 

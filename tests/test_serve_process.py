@@ -19,6 +19,7 @@ import trio
 
 from claimkit._producer import Producer
 from claimkit._redis_server import RedisServer
+from claimkit._serve import _EarlySignals
 from claimkit._store import Store, open_store
 
 pytestmark = pytest.mark.slow
@@ -305,6 +306,25 @@ def test_sigterm_while_starting_is_a_graceful_stop(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_early_signal_handlers_are_put_back_once() -> None:
+    """The start-up handlers remember signals and are gone again after restore(), which
+    serve calls as soon as the consumer has stopped (before the teardown)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    early = _EarlySignals()
+    early.install()
+    try:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert handler == signal.getsignal(signal.SIGINT) and callable(handler)
+        handler(signal.SIGTERM, None)
+        handler(signal.SIGINT, None)
+        assert early.received == [signal.SIGTERM, signal.SIGINT]
+    finally:
+        early.restore()
+    assert {s: signal.getsignal(s) for s in before} == before
+    early.restore()  # idempotent: nothing to put back twice
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 def test_sim_survives_clients_that_hang_up_mid_request(tmp_path: Path) -> None:

@@ -218,11 +218,12 @@ async def test_pipeline_error(bstore: Store, transaction: bool) -> None:
     """The first refused command raises StoreError; the others ran (no rollback in Redis)."""
     with trio.fail_after(DEADLINE):
         await bstore.command("SET", "s", "1")
-        with pytest.raises(StoreError, match="wrong kind of value"):
+        with pytest.raises(StoreError, match="wrong kind of value") as info:
             await bstore.pipeline(
-                [("SET", "a", "1"), ("HSET", "s", "f", "v"), ("SET", "b", "2")],
+                [("SET", "a", "1"), ("HSET", "s", "f", "payload-1"), ("SET", "b", "2")],
                 transaction=transaction,
             )
+        assert "payload-1" not in str(info.value)
         assert await bstore.command("MGET", "a", "s", "b") == [b"1", b"1", b"2"]
 
 
@@ -288,9 +289,13 @@ async def test_run_many_refused_call_is_store_error_and_the_others_ran(bstore: S
         "if ARGV[1] == 'bad' then error('boom') end; return redis.call('INCR', KEYS[1])", 1
     )
     with trio.fail_after(DEADLINE):
-        with pytest.raises(StoreError, match="boom"):
-            await bstore.run_many(script, [(["n"], ["ok"]), (["n"], ["bad"]), (["n"], ["ok"])])
+        with pytest.raises(StoreError, match="boom") as info:
+            await bstore.run_many(
+                script, [(["n"], ["ok"]), (["n"], ["bad", "token-1"]), (["n"], ["ok"])]
+            )
         assert await bstore.command("GET", "n") == b"2"
+        # Redis's message only: the call's arguments (tokens, payloads) stay out of logs.
+        assert "token-1" not in str(info.value) and len(str(info.value)) < 300
         assert await bstore.command("PING") == b"PONG"
 
 
@@ -398,6 +403,10 @@ async def test_wrong_password_is_store_error(backend: str, redis_factory: RedisF
             assert store.url == f"redis://default:***@127.0.0.1:{server.port}/0"
             with pytest.raises(StoreError):
                 await store.command("PING")
+            with pytest.raises(StoreError):
+                await store.pipeline([("PING",)], transaction=False)
+            with pytest.raises(StoreError):
+                await store.run_many(make_script("return 1", 0), [([], [])])
         good = f"redis://default:s3cret@127.0.0.1:{server.port}/0"
         async with open_store(good, backend=backend) as store:
             assert await store.command("PING") == b"PONG"
