@@ -113,8 +113,12 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
-    # One line per HTTP request would drown the consumer's own lines.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # One line per HTTP request would drown the consumer's own lines, and coredis logs
+    # every broken connection at INFO with a traceback; the consumer already says in one
+    # line that Redis went away and that it answers again. --log-level DEBUG shows both.
+    if log_level.upper() != "DEBUG":
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("coredis").setLevel(logging.WARNING)
     from ._serve import serve_forever
 
     summary = run(lambda: serve_forever(config, backend=store_backend), url=config.url)

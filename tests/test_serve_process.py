@@ -308,6 +308,38 @@ def test_sigterm_while_starting_is_a_graceful_stop(
             proc.wait(10)
 
 
+def test_a_redis_restart_is_logged_in_lines_not_tracebacks(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    """Redis killed and restarted under a running serve: the operator reads one line that
+    Redis went away and one that it answers again, never a library's traceback."""
+    server = redis_factory(aof="always")
+    log = tmp_path / "r.log"
+    proc = serve(server.url, "http://127.0.0.1:9", log)
+    try:
+        wait_log(proc, log, "claimkit: serving ")
+        server.kill()
+        wait_log(proc, log, "retrying with backoff")
+        server.restart()
+        wait_log(proc, log, "claimkit: Redis answers again")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        text = log.read_text()
+        assert "Traceback" not in text, text
+        assert all(line[:4].isdigit() for line in text.splitlines()), text  # only log lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def wait_log(proc: subprocess.Popen[bytes], log: Path, text: str, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert time.monotonic() < end and proc.poll() is None, log.read_text()
+        time.sleep(0.05)
+
+
 def test_early_signal_handlers_are_put_back_once() -> None:
     """The start-up handlers remember signals and are gone again after restore(), which
     serve calls as soon as the consumer has stopped (before the teardown)."""
