@@ -21,7 +21,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
     from ._scripts import Script
@@ -95,16 +95,36 @@ class Store(Protocol):
         ...
 
 
-# scheme://user:password@ -- the password runs to the last '@' of the URL (it may hold '@').
-_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(\S*)(@)")
+# scheme://user:password@ -- the password runs to the last '@' before a quote or the end of
+# the line: it may hold '@' and spaces, and URLs in messages are quoted (``{url!r}``).
+_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s'\"]*:)([^'\"\n]*)(@)")
 # ?password=... (or &password=...), which redis URLs accept as well.
 _QUERY_PASSWORD = re.compile(r"([?&](?:password|pass|pwd)=)([^&#\s'\"]*)", re.IGNORECASE)
+_WHOLE_QUERY_PASSWORD = re.compile(r"([?&](?:password|pass|pwd)=)([^&#]*)", re.IGNORECASE)
+_SCHEME = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
 def redact_url(text: str) -> str:
     """Mask every password of a Redis URL in ``text``: ``redis://user:secret@host`` ->
-    ``redis://user:***@host`` and ``?password=secret`` -> ``?password=***``."""
+    ``redis://user:***@host`` and ``?password=secret`` -> ``?password=***``.
+
+    ``text`` is either one URL (it starts with ``scheme://``; then a password may hold any
+    character, spaces included) or a message with URLs in it. In a message a password ends
+    at the last ``@`` before a quote or the line's end, so a few characters more than the
+    password may be masked, never fewer.
+    """
+    if _SCHEME.match(text) and "\n" not in text:
+        return _WHOLE_QUERY_PASSWORD.sub(r"\1***", _mask_userinfo(text))
     return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\1***\3", text))
+
+
+def _mask_userinfo(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.partition(":")[0]
+    return f"{scheme}://{user}:***@{host}"
 
 
 def check_url(url: str) -> None:
@@ -126,6 +146,30 @@ def check_url(url: str) -> None:
     db = parts.path.strip("/")
     if db and not db.isdigit():
         raise ValueError(f"Redis URL database must be a number, got {db!r} in {shown!r}")
+    for name, values in parse_qs(parts.query).items():
+        parse = _NUMERIC_QUERY.get(name.lower())
+        for value in values if parse is not None else ():
+            try:
+                parse(value)  # type: ignore[misc]
+            except ValueError:
+                raise ValueError(
+                    f"Redis URL parameter {name} must be a number, got {value!r} in {shown!r}"
+                ) from None
+
+
+# Query parameters the Redis clients read as numbers (coredis and redis-py): a bad one would
+# otherwise fail inside the client with a bare "invalid literal for int()".
+_NUMERIC_QUERY: dict[str, type[int] | type[float]] = {
+    "db": int,
+    "max_connections": int,
+    "timeout": int,
+    "max_idle_time": int,
+    "health_check_interval": int,
+    "stream_timeout": float,
+    "connect_timeout": float,
+    "socket_timeout": float,
+    "socket_connect_timeout": float,
+}
 
 
 async def run_pipelined(

@@ -115,6 +115,15 @@ def test_gateway_url_is_checked(base: str, ok: bool) -> None:
         ("redis://:pw@h:notaport/0", "Redis URL has a bad port: 'redis://:***@h:notaport/0'"),
         ("redis://:pw@h:99999/0", "Redis URL has a bad port: 'redis://:***@h:99999/0'"),
         ("redis://h/abc", "Redis URL database must be a number, got 'abc' in 'redis://h/abc'"),
+        (
+            "redis://:pw@h/0?db=x",
+            "Redis URL parameter db must be a number, got 'x' in 'redis://:***@h/0?db=x'",
+        ),
+        (
+            "redis://h/0?stream_timeout=1.5&socket_timeout=soon",
+            "Redis URL parameter socket_timeout must be a number, got 'soon' in "
+            "'redis://h/0?stream_timeout=1.5&socket_timeout=soon'",
+        ),
     ],
 )
 def test_bad_redis_urls(url: str, message: str) -> None:
@@ -220,6 +229,16 @@ def test_unknown_queue_lookup() -> None:
         ("redis://user:secret@host:1/0", "redis://user:***@host:1/0"),
         ("redis://:p@ss@h/0", "redis://:***@h/0"),
         ("redis://h:1/0?password=s3cret&db=1", "redis://h:1/0?password=***&db=1"),
+        # One URL: a password may hold spaces (and '@').
+        ("redis://:s3cret pw@127.0.0.1:1/0", "redis://:***@127.0.0.1:1/0"),
+        ("redis://h:1/0?password=s3 cret&db=1", "redis://h:1/0?password=***&db=1"),
+        ("redis://u:a b@c@h/0?pwd=x y", "redis://u:***@h/0?pwd=***"),
+        # In a message: up to the last '@' before a quote or the line's end.
+        (
+            "Redis at redis://:x y@h:1/0 is unavailable",
+            "Redis at redis://:***@h:1/0 is unavailable",
+        ),
+        ("got 'redis://:a b@h' and 'redis://c:d@e'", "got 'redis://:***@h' and 'redis://c:***@e'"),
         (
             "got 'rediss://a:b@h' and 'redis://c:d@e'",
             "got 'rediss://a:***@h' and 'redis://c:***@e'",

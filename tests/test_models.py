@@ -296,7 +296,10 @@ SPEC_ERRORS = [
     (ErrorCode.GATE_ERROR, "Pool gating error: budget unreadable"),
     (ErrorCode.INFERENCE_ERROR, "Failed to send request to inference: connection refused"),
     (ErrorCode.INVALID_REQUEST, DEADLINE_INVALID_MESSAGE),
-    (ErrorCode.MAX_DELIVERIES_EXCEEDED, "request was redelivered 10 times after its owner died"),
+    (
+        ErrorCode.MAX_DELIVERIES_EXCEEDED,
+        "lease expired 10 times without an ack; max_deliveries reached",
+    ),
 ]
 
 
