@@ -100,5 +100,14 @@ def run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
         if isinstance(found, StoreUnavailable):
             fail(f"Redis at {redact_url(url)} is unavailable: {found}")
         if isinstance(found, StoreError):
-            fail(f"Redis at {redact_url(url)} answered with an error: {found}")
+            fail(f"Redis at {redact_url(url)} {_auth_hint(str(found))}: {found}")
         fail(str(found))
+
+
+def _auth_hint(message: str) -> str:
+    """What a Redis error means for the operator, when it is about the password."""
+    if "NOAUTH" in message or "must be called with the client already authenticated" in message:
+        return "needs a password (the URL has none)"
+    if "WRONGPASS" in message or "invalid username-password pair" in message:
+        return "refused the URL's user name or password"
+    return "answered with an error"

@@ -107,6 +107,8 @@ async def open_coredis_store(url: str, *, timeout: float) -> AsyncIterator[Cored
     client: coredis.Redis[bytes] = coredis.Redis.from_url(
         url,
         decode_responses=False,
+        # Percent-decode the user name and password (``%40`` for ``@``), as redis-py does.
+        decode_components=True,
         connect_timeout=timeout,
         stream_timeout=timeout,
         retry_policy=NoRetryPolicy(),
