@@ -125,6 +125,11 @@ def serve(
     typer.echo(summary.line())
 
 
+def _no_constant(name: str) -> Any:
+    """``json.loads`` accepts ``NaN`` and ``Infinity``; JSON (and the consumer) does not."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 @app.command()
 def submit(
     request: Annotated[
@@ -144,7 +149,12 @@ def submit(
 ) -> None:
     """Submit requests (SPEC §2.2): a `data` object or a whole envelope per request.
 
-    Each needs `id` and `deadline` (Unix seconds, in the future). Prints the request tokens.
+    Each needs `id` and `deadline` (integer Unix seconds, in the future, at most
+    253402300799) and must be a request the consumer would serve: it is checked with the
+    consumer's own parser before anything is written. With --file/stdin, one request per
+    line (blank lines are skipped); all are submitted in one transaction, or none when any
+    line is refused, and the refused line is named by its number. Prints one request token
+    per request; an input with no requests prints a note on stderr and exits 0.
 
     Example:
 
@@ -153,25 +163,46 @@ def submit(
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if request is not None and file is not None:
         fail("give one JSON request or --file, not both")
-    lines: list[str]
+    numbered: list[tuple[int, str]]
     if request is not None:
-        lines = [request]
+        numbered = [(1, request)]
     else:
-        lines = [line for line in (file or sys.stdin) if line.strip()]
-    docs: list[Any] = []
-    for n, line in enumerate(lines, 1):
         try:
-            docs.append(json.loads(line))
+            numbered = [(n, line) for n, line in enumerate(file or sys.stdin, 1) if line.strip()]
+        except UnicodeDecodeError as exc:
+            fail(f"the input is not UTF-8 text: {exc.reason} at byte {exc.start}")
+    from_lines = request is None
+
+    def where(n: int) -> str:
+        return f"line {n}: " if from_lines else ""
+
+    docs: list[Any] = []
+    for n, line in numbered:
+        bad = f"line {n}: not valid JSON" if from_lines else "the request is not valid JSON"
+        try:
+            docs.append(json.loads(line, parse_constant=_no_constant))
         except json.JSONDecodeError as exc:
-            fail(f"request {n} is not valid JSON: {exc.msg} at column {exc.colno}")
+            fail(f"{bad}: {exc.msg} at column {exc.colno}")
+        except ValueError as exc:  # NaN/Infinity, or an int of more digits than Python converts
+            fail(f"{bad}: {exc}".split(";")[0])
+        except RecursionError:
+            fail(f"{bad}: nested too deeply")
+    if not docs:
+        sys.stderr.write("claimkit: nothing submitted: the input holds no requests\n")
+        return
 
     async def go() -> list[str]:
-        from ._producer import Producer
+        from ._producer import Producer, SubmitError
         from ._store import open_store
 
         async with open_store(config.url) as store:
             producer = Producer(store, queue)
-            return await producer.submit_many(docs)
+            try:
+                return await producer.submit_many(docs)
+            except SubmitError as exc:
+                if exc.index is None:
+                    raise
+                raise SubmitError(f"{where(numbered[exc.index][0])}{exc}") from None
 
     for token in run(go, url=config.url):
         typer.echo(token)

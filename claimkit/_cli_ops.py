@@ -11,6 +11,8 @@ stderr and exit status 1 (:func:`claimkit._cli_common.run`); passwords are never
 from __future__ import annotations
 
 import json
+import secrets
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,9 +27,11 @@ from ._store import StoreUnavailable, open_store
 
 if TYPE_CHECKING:
     from ._console import Console
+    from ._drain import DrainReport
+    from ._inspect import QueueSnapshot
     from ._store import Store
 
-__all__ = ["register", "watch_queue"]
+__all__ = ["follow_results", "holding_list", "register", "watch_queue"]
 
 T = TypeVar("T")
 
@@ -41,8 +45,15 @@ RESULT_LINE_PREVIEW = 160
 """Characters of a record's payload shown per line by ``results`` without ``--json``."""
 
 FOLLOW_BLOCK_SECONDS = 1.0
-"""How long one ``BRPOP`` of ``results --follow`` blocks (well under the store's 10 s
+"""How long one ``BLMOVE`` of ``results --follow`` blocks (well under the store's 10 s
 reply timeout, so a quiet list is not mistaken for a dead Redis)."""
+
+FOLLOW_RETRY_FIRST = 0.25
+"""Seconds ``results --follow`` waits before its first retry after losing Redis; each
+further retry waits twice as long, up to :data:`FOLLOW_RETRY_MAX`."""
+
+FOLLOW_RETRY_MAX = 5.0
+"""The longest wait between two retries of ``results --follow`` while Redis is away."""
 
 
 # -- shared plumbing -------------------------------------------------------------------------
@@ -123,7 +134,11 @@ def _run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
 
 
 def _print_json(doc: Any) -> None:
-    typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+    """Print ``doc`` as strict JSON: a non-finite float becomes ``"inf"``, ``"-inf"`` or
+    ``"nan"`` (:func:`claimkit._inspect.json_safe`), never the invalid ``Infinity``."""
+    from ._inspect import json_safe
+
+    typer.echo(json.dumps(json_safe(doc), indent=2, ensure_ascii=False, allow_nan=False))
 
 
 def _console() -> Console:
@@ -281,7 +296,9 @@ def drain(
     Each claim is released fenced by the owner token and lease expiry read just before, in
     batches: a claim acked, reclaimed or renewed meanwhile is left alone and counted. Safe
     while consumers run (their heartbeat drops the released work) and safe to run twice.
-    Shows a progress bar on a terminal and ends with one count line.
+    Shows a progress bar on a terminal and ends with one count line. --dry-run reads
+    every claim once (one read-only script call) and shows the table and the count from
+    that same read, so they agree.
 
     Example:
 
@@ -292,21 +309,23 @@ def drain(
     target = _target(queue, transport_config, transport_config_file, redis_url)
     config = target.config
     from ._console import claims_table, progress_bar
-    from ._drain import DrainReport, drain_claims
-    from ._inspect import QueueSnapshot, check_key_types, snapshot
+    from ._drain import drain_claims
+    from ._inspect import check_key_types, snapshot
 
     async def go() -> tuple[DrainReport, QueueSnapshot | None]:
         async with open_store(config.url) as store:
             await check_key_types(store, target.key_types())
             if dry_run:
+                # One read for both the table and the count line: two reads could disagree
+                # while consumers claim and ack. limit=0 reads every claim row.
                 snap = await snapshot(
                     store,
                     queue,
                     result_lists=target.result_lists,
                     retry_set=config.retry_queue_name,
-                    limit=limit,
+                    limit=0,
                 )
-                return await drain_claims(store, queue, dry_run=True, batch_size=batch_size), snap
+                return _dry_run_report(snap), snap
             with progress_bar(f"releasing {queue} claims") as (set_total, advance):
                 report = await drain_claims(
                     store, queue, batch_size=batch_size, progress=advance, on_start=set_total
@@ -315,8 +334,9 @@ def drain(
 
     report, snap = _run(go, url=config.url)
     if snap is not None and snap.claims:
-        title = f"claims that would go back to pending ({len(snap.claims)} of {snap.claimed})"
-        _console().print(claims_table(snap.claims, now=snap.server_time, title=title))
+        rows = snap.claims if limit == 0 else snap.claims[:limit]
+        title = f"claims that would go back to pending ({len(rows)} of {snap.claimed})"
+        _console().print(claims_table(rows, now=snap.server_time, title=title))
     typer.echo(report.line(queue, dry_run=dry_run))
     if report.renewed or report.other_owner:
         typer.echo(
@@ -324,6 +344,16 @@ def drain(
             "run it again to release them",
             err=True,
         )
+
+
+def _dry_run_report(snap: QueueSnapshot) -> DrainReport:
+    """What ``drain`` would do to the claims of ``snap`` (a snapshot of every claim row),
+    counted as :func:`claimkit._drain.drain_claims` counts them: a row without an owner
+    token is a ghost and is skipped; every other one would be released."""
+    from ._drain import DrainReport
+
+    ghosts = sum(1 for row in snap.claims if row.owner is None)
+    return DrainReport(seen=snap.claimed, released=snap.claimed - ghosts, ghosts=ghosts)
 
 
 # -- reclaim ---------------------------------------------------------------------------------
@@ -424,10 +454,12 @@ def dead_list(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """List dead letters, oldest first: id, when it died, its deadline, its size.
+    """List dead letters, oldest first: id, when it died, its deadline, its size, and
+    why it cannot be requeued when the consumer would dead-letter it again.
 
-    A member without a readable data.deadline cannot be requeued (only purged). With
-    --json each entry carries the exact member text.
+    With --json each entry carries the exact member: "member" is its text when the bytes
+    are valid UTF-8, else null with "member_base64" holding the bytes. The JSON is strict:
+    a non-finite number (a deadline of 1e400) is the string "inf", "-inf" or "nan".
 
     Example:
 
@@ -478,10 +510,12 @@ def dead_requeue(
 ) -> None:
     """Put dead letters back in pending at their deadline score, delivery count reset.
 
-    Members move by their exact bytes, atomically per batch. A member without a readable
-    data.deadline stays dead and is reported. The request's dedup marker is removed, so
-    the rerun's terminal record is delivered after the one it got when it died; pass
-    --keep-marker to suppress it instead. Exit status 1 when a named id was not requeued.
+    Members move by their exact bytes, atomically per batch. Only members the consumer
+    would accept are moved; any other (not JSON, no request_kind, a deadline that is not
+    a positive integer, ...) is refused, stays dead, and is listed with the reason. The
+    request's dedup marker is removed, so the rerun's terminal record is delivered after
+    the one it got when it died; pass --keep-marker to suppress it instead. Exit status 1
+    when a member was refused or a named id has no dead letter.
 
     Example:
 
@@ -501,27 +535,34 @@ def dead_requeue(
             )
 
     report = _run(go, url=target.config.url)
-    stuck = [d.id or "?" for d in report.stuck]
     if json_out:
         _print_json(
             {
                 "queue": queue,
                 "requeued": report.requeued,
-                "left_dead": stuck,
+                "refused": [
+                    {"id": r.letter.id, "dead_at": r.letter.dead_at, "reason": r.reason}
+                    for r in report.refused
+                ],
                 "not_found": report.not_found,
             }
         )
     else:
         typer.echo(
             f"claimkit dead requeue {queue}: requeued={len(report.requeued)} "
-            f"left_dead={len(stuck)} not_found={len(report.not_found)}"
+            f"refused={len(report.refused)} not_found={len(report.not_found)}"
         )
-    if not all_ and (report.not_found or stuck):
-        problems = []
-        if report.not_found:
-            problems.append("no dead letter for " + ", ".join(report.not_found))
-        if stuck:
-            problems.append("no readable deadline, left dead: " + ", ".join(stuck))
+        for r in report.refused:
+            typer.echo(f"  refused {r.letter.label()}: {r.reason}")
+    problems = []
+    if report.refused:
+        problems.append(
+            f"{len(report.refused)} refused and left dead (the consumer would dead-letter "
+            "them again; see each reason)"
+        )
+    if report.not_found:
+        problems.append("no dead letter for " + ", ".join(report.not_found))
+    if problems:
         fail("; ".join(problems))
 
 
@@ -538,13 +579,16 @@ def dead_purge(
             min=0, help="Purge those dead for at least this many seconds.", show_default=False
         ),
     ] = None,
+    json_out: JsonOut = False,
     transport_config: TransportConfig = None,
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
     """Delete dead letters for good: the named ids, --all, or --older-than SECONDS.
 
-    Exactly one of the three. Prints how many were removed.
+    Exactly one of the three. Prints how many were removed (every generation of a named
+    id counts) and how many named ids had no dead letter; exit status 1 when one had
+    none, as for requeue.
 
     Example:
 
@@ -553,18 +597,25 @@ def dead_purge(
     if sum((bool(ids), all_, older_than is not None)) != 1:
         fail("say what to purge: ids, --all or --older-than SECONDS (exactly one)")
     target = _target(queue, transport_config, transport_config_file, redis_url)
-    from ._dead import purge_dead
+    from ._dead import PurgeReport, purge_dead
     from ._inspect import check_key_types
 
-    async def go() -> int:
+    async def go() -> PurgeReport:
         async with open_store(target.config.url) as store:
             await check_key_types(store, target.key_types())
             return await purge_dead(
                 store, queue, ids=list(ids) if ids else None, older_than=older_than
             )
 
-    removed = _run(go, url=target.config.url)
-    typer.echo(f"claimkit dead purge {queue}: purged={removed}")
+    report = _run(go, url=target.config.url)
+    if json_out:
+        _print_json({"queue": queue, "purged": report.purged, "not_found": report.not_found})
+    else:
+        typer.echo(
+            f"claimkit dead purge {queue}: purged={report.purged} not_found={len(report.not_found)}"
+        )
+    if report.not_found:
+        fail("no dead letter for " + ", ".join(report.not_found))
 
 
 # -- results and cancel ----------------------------------------------------------------------
@@ -589,6 +640,129 @@ def _record_line(raw: bytes, *, as_json: bool) -> str:
     )
     status = "-" if rec.status_code is None else str(rec.status_code)
     return f"{rec.id}  {status}  {body}"
+
+
+def holding_list(name: str) -> str:
+    """A fresh name for the one-record holding list of a ``results --follow`` reader of
+    ``name``: ``<name>:following:<16 hex>``. A suffix of ``name``, so a hash tag in it
+    keeps both in one slot."""
+    return f"{name}:following:{secrets.token_hex(8)}"
+
+
+async def follow_results(
+    store: Store,
+    name: str,
+    *,
+    emit: Callable[[bytes], None],
+    notify: Callable[[str], None],
+    count: int | None = None,
+    holding: str | None = None,
+    block: float = FOLLOW_BLOCK_SECONDS,
+    retry_first: float = FOLLOW_RETRY_FIRST,
+    retry_max: float = FOLLOW_RETRY_MAX,
+) -> int:
+    """Pop records from the list ``name`` oldest first and ``emit`` each, until ``count``
+    records (``None``: until cancelled). Returns how many were emitted.
+
+    Nothing popped is ever lost. A record is not popped with ``BRPOP``, whose reply dies
+    with a broken connection after Redis already removed the record: it is moved with
+    ``BLMOVE name holding RIGHT LEFT`` into a holding list of this reader's own
+    (:func:`holding_list`), emitted, and only then deleted from there. A reply lost on the
+    way leaves the record in the holding list, and it is emitted from there once Redis
+    answers again. The holding list has at most one record. At worst a record is emitted
+    twice (Ctrl-C between emitting it and noting that), never not at all.
+
+    While Redis is unreachable (:class:`StoreUnavailable`: down, restarting, loading) this
+    says so once through ``notify`` (one line), retries with a backoff from
+    ``retry_first`` doubling up to ``retry_max`` seconds, and says so again when Redis is
+    back. Other errors (a ``WRONGTYPE`` reply, say) are raised.
+
+    Cancellation: the normal way out (Ctrl-C). A record still in the holding list goes
+    back to the oldest end of ``name``, where it came from, or is deleted there when it
+    was already emitted (shielded, at most 5 s). If Redis cannot be reached for that, one
+    ``notify`` line names the holding list and how to move its record back.
+    """
+    holding = holding or holding_list(name)
+    seen = 0
+    emitted_held = False  # the record in the holding list was emitted: delete it, no more
+    maybe_held = False  # a reply may have been lost: look in the holding list first
+    away = False
+    delay = retry_first
+    try:
+        while count is None or seen < count:
+            got: bytes | None = None
+            try:
+                if emitted_held:
+                    await store.command("DEL", holding)
+                    emitted_held = False
+                elif maybe_held:
+                    got = await store.command("LINDEX", holding, -1)
+                    maybe_held = False
+                else:
+                    maybe_held = True  # until the reply is in: Redis may have moved one
+                    got = await store.command("BLMOVE", name, holding, "RIGHT", "LEFT", block)
+                    maybe_held = False
+            except StoreUnavailable as exc:
+                maybe_held = True
+                if not away:
+                    notify(
+                        f"Redis at {store.url} is unavailable ({exc}); retrying with backoff "
+                        "until it is back (Ctrl-C to stop)"
+                    )
+                    away = True
+                await trio.sleep(delay)
+                delay = min(delay * 2, retry_max)
+                continue
+            if away:
+                notify(f"Redis at {store.url} is back; following {name} again")
+                away, delay = False, retry_first
+            if got is not None:
+                emit(got)
+                seen += 1
+                emitted_held = True
+    finally:
+        cleaned = False
+        with trio.move_on_after(5, shield=True):
+            try:
+                if emitted_held:
+                    await store.command("DEL", holding)
+                else:
+                    await store.command("LMOVE", holding, name, "LEFT", "RIGHT")
+                cleaned = True
+            except StoreUnavailable:
+                pass
+        if not cleaned and emitted_held:
+            notify(
+                f"Redis at {store.url} is unavailable; the last record printed is still in "
+                f"{holding}: DEL {holding} removes it"
+            )
+        elif not cleaned and maybe_held:
+            notify(
+                f"Redis at {store.url} is unavailable; a record popped from {name} may wait "
+                f"in {holding}: LMOVE {holding} {name} LEFT RIGHT puts it back"
+            )
+    return seen
+
+
+async def _until_sigint(fn: Callable[[], Awaitable[T]]) -> T | None:
+    """Run ``fn`` until it returns or Ctrl-C (SIGINT), which cancels it: its cleanup then
+    runs as for any cancellation, instead of a ``KeyboardInterrupt`` at any line."""
+    result: list[T] = []
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_sigint() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    return
+
+            async def main() -> None:
+                result.append(await fn())
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_sigint)
+            nursery.start_soon(main)
+    return result[0] if result else None
 
 
 def results(
@@ -624,8 +798,10 @@ def results(
     """Read terminal records (SPEC §2.3), oldest first, removing them (RPOP) unless --peek.
 
     Each line: id, status code or error code, body or error message (--json: the record
-    exactly as stored). --follow blocks for new records like BRPOP until Ctrl-C (or
-    --count records).
+    exactly as stored). --follow blocks for new records until Ctrl-C (or --count
+    records) and rides out a Redis restart: one line on stderr, retries with backoff,
+    carries on when Redis is back. A record it pops is never lost: it is moved to a
+    holding list of its own (<list>:following:<hex>) and removed from there once printed.
 
     Example:
 
@@ -655,16 +831,16 @@ def results(
                 emit(item)
             return len(raw)
 
-    async def follow_list() -> int:
-        seen = 0
+    def notify(line: str) -> None:
+        sys.stderr.write(f"claimkit results: {line}\n")
+        sys.stderr.flush()
+
+    async def follow_list() -> int | None:
         async with open_store(config.url) as store:
             await check_key_types(store, {name: "list"})
-            while count is None or seen < count:
-                got = await store.command("BRPOP", name, FOLLOW_BLOCK_SECONDS)
-                if got is not None:
-                    emit(got[1])
-                    seen += 1
-        return seen
+            return await _until_sigint(
+                lambda: follow_results(store, name, emit=emit, notify=notify, count=count)
+            )
 
     if follow:
         _run_until_interrupt(follow_list, url=config.url)
@@ -683,25 +859,36 @@ def cancel(
 
     A consumer ends a cancelled request with one CANCELLED record when it claims it; a
     request already being run is not interrupted. An id with no live generation (unknown,
-    finished or past its deadline) is reported and left alone.
+    finished - its terminal record was pushed - or past its deadline) is reported and left
+    alone. Ids are handled in order; a cancel key of another Redis type stops the run with
+    one error line naming the key (exit status 1), after the lines of the ids before it.
 
     Example:
 
         claimkit cancel --redis-url redis://127.0.0.1:6379/0 r1 r2
     """
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
-    from ._producer import Producer
+    from ._producer import Producer, SubmitError
 
-    async def go() -> list[bool]:
+    async def go() -> tuple[list[bool], SubmitError | None]:
+        found: list[bool] = []
         async with open_store(config.url) as store:
             producer = Producer(store, "")
-            return [await producer.cancel(rid) for rid in ids]
+            for rid in ids:
+                try:
+                    found.append(await producer.cancel(rid))
+                except SubmitError as exc:
+                    return found, exc
+        return found, None
 
-    for rid, found in zip(ids, _run(go, url=config.url), strict=True):
-        if found:
+    outcomes, refused = _run(go, url=config.url)
+    for rid, cancelled in zip(ids, outcomes, strict=False):
+        if cancelled:
             typer.echo(f"{rid}: cancelled")
         else:
             typer.echo(f"{rid}: not active (unknown, finished or expired); nothing to cancel")
+    if refused is not None:
+        fail(str(refused))
 
 
 def register(app: typer.Typer) -> None:

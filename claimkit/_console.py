@@ -8,6 +8,7 @@ they go. On a terminal they are coloured; piped, rich writes plain text.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,15 +49,38 @@ def make_console(*, stderr: bool = False) -> Console:
 
 
 def format_time(ts: float | None) -> str:
-    """Unix seconds -> ``2030-01-01T00:00:00Z`` (UTC, whole seconds); ``-`` for ``None``."""
+    """Unix seconds -> ``2030-01-01T00:00:00Z`` (UTC, whole seconds); ``-`` for ``None``.
+
+    Never raises: any float is shown. A time outside the years 1..9999 (or the platform's
+    ``time_t``) is shown as its number of seconds, ``unix 1e+23 (out of range)``; an
+    infinite one as ``∞`` or ``-∞``, NaN as ``?``. A producer's odd score or deadline
+    must not stop an operator command.
+    """
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if math.isnan(ts):
+        return "?"
+    if math.isinf(ts):
+        return "∞" if ts > 0 else "-∞"
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return f"unix {ts:.6g} (out of range)"
+
+
+_DAYS_SHOWN_EXACTLY = 100_000
+"""Durations up to this many days are shown as ``2d04h``; longer ones as ``1.2e+05d``."""
 
 
 def format_duration(seconds: float) -> str:
-    """A compact non-negative duration: ``850ms``, ``12.3s``, ``4m05s``, ``3h02m``, ``2d04h``."""
+    """A compact non-negative duration (the sign is dropped): ``850ms``, ``12.3s``,
+    ``4m05s``, ``3h02m``, ``2d04h``, ``1.16e+18d`` beyond :data:`_DAYS_SHOWN_EXACTLY`
+    days, ``∞`` for an infinite one and ``?`` for NaN. Never raises."""
+    if math.isnan(seconds):
+        return "?"
     s = abs(seconds)
+    if math.isinf(s):
+        return "∞"
     if s < 1:
         return f"{s * 1000:.0f}ms"
     if s < 60:
@@ -65,11 +89,16 @@ def format_duration(seconds: float) -> str:
         return f"{int(s // 60)}m{int(s % 60):02d}s"
     if s < 86400:
         return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-    return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+    if s < 86400 * _DAYS_SHOWN_EXACTLY:
+        return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+    return f"{s / 86400:.3g}d"
 
 
 def _relative(ts: float, now: float) -> str:
+    """``in 3m05s`` or ``3m05s ago``; ``?`` when either time is NaN or both infinite."""
     delta = ts - now
+    if math.isnan(delta):
+        return "?"
     return f"in {format_duration(delta)}" if delta > 0 else f"{format_duration(delta)} ago"
 
 
@@ -171,7 +200,8 @@ def error_view(message: str) -> RenderableType:
 
 
 def dead_table(letters: Sequence[DeadLetter], *, now: float, total: int, queue: str) -> Table:
-    """The ``dead list`` table: id, when it died, its deadline, its size."""
+    """The ``dead list`` table: id, when it died, its deadline, its size, and why it cannot
+    be requeued (the consumer's own reason, :attr:`DeadLetter.problem`) when it cannot."""
     table = Table(
         title=f"{queue}:dead ({len(letters)} of {total}, oldest first)",
         title_justify="left",
@@ -180,17 +210,20 @@ def dead_table(letters: Sequence[DeadLetter], *, now: float, total: int, queue: 
     table.add_column("dead since")
     table.add_column("deadline")
     table.add_column("bytes", justify="right")
+    table.add_column("requeue", overflow="fold")
     for d in letters:
         deadline = (
             Text(format_time(d.deadline))
             if d.deadline is not None
-            else Text("unreadable (cannot requeue)", style="yellow")
+            else Text("unreadable", style="yellow")
         )
+        problem = d.problem
         table.add_row(
             d.id or Text("? (unreadable)", style="yellow"),
             f"{format_time(d.dead_at)} ({_relative(d.dead_at, now)})",
             deadline,
             str(len(d.member)),
+            Text("ok") if problem is None else Text(f"cannot requeue: {problem}", style="yellow"),
         )
     return table
 

@@ -32,8 +32,10 @@ import trio
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from . import _keys
+from ._config import ConfigError
 from ._dispatch import Done, Outcome, Retry, Target, dispatch, open_http_client
-from ._gates import Gate, GateError, make_gate
+from ._gates import DEFAULT_BUDGET_KEY, Gate, GateError, make_gate
+from ._inspect import WrongKeyType
 from ._metrics import Metrics, QueueMetrics
 from ._models import Envelope, ErrorCode, Invalid, TerminalRecord, parse_member, retry_member
 from ._protocol import AckItem, ClaimCode, QueueOps, move_retries, new_token
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     from ._http import HttpClient
     from ._store import Store
 
-__all__ = ["Consumer", "Handler", "QueueRuntime", "Summary"]
+__all__ = ["Consumer", "Handler", "KeyRole", "QueueRuntime", "Summary", "check_keys", "key_roles"]
 
 log = logging.getLogger("claimkit")
 
@@ -90,7 +92,10 @@ class Summary:
     redelivered: int = 0
     dead_lettered: int = 0
     lost_claims: int = 0
-    left_to_lapse: int = 0  # held at exit: the sweep could not return them (Redis away)
+    left_to_lapse: int = 0
+    """Claims this process gave up on without releasing them: an ack or park Redis refused
+    (dropped from the registry then), and claims still held at exit (the sweep could not
+    return them). Their leases lapse and any instance's reclaimer redelivers them."""
 
     def line(self) -> str:
         return (
@@ -140,6 +145,96 @@ class QueueRuntime:
     @property
     def name(self) -> str:
         return self.config.queue_name
+
+
+_TYPE_NAMES = {
+    "zset": "a sorted set",
+    "hash": "a hash",
+    "list": "a list",
+    "string": "a string",
+    "set": "a set",
+    "stream": "a stream",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRole:
+    """What a key is to ``serve``: its Redis ``TYPE`` name (SPEC §1) and a description for
+    one-line errors, with ``{}`` where the key's name goes (``"result list {} of queue
+    'q'"``)."""
+
+    kind: str
+    what: str
+
+    def name(self, key: str) -> str:
+        return self.what.format(repr(key))
+
+
+def key_roles(config: Config) -> dict[str, KeyRole]:
+    """Every key ``serve`` uses whose Redis type the config tells (SPEC §1), by name: each
+    queue's own keys, the retry set and its dead set, each queue's result list, the global
+    result list, and a ``redis`` gate's budget key. Per-request keys are not among them.
+
+    Raises:
+        ConfigError: one name would have to be two types at once (a queue's result list
+            named like another queue's dead set, say), as one line.
+    """
+    roles: dict[str, KeyRole] = {}
+
+    def want(key: str, kind: str, what: str) -> None:
+        seen = roles.setdefault(key, KeyRole(kind, what))
+        if seen.kind != kind:
+            raise ConfigError(
+                f"{KeyRole(kind, what).name(key)} is also the {seen.name(key)}: one key "
+                f"cannot be both {_type_name(seen.kind)} and {_type_name(kind)}"
+            )
+
+    for q in config.queues:
+        k = _keys.QueueKeys.for_queue(q.queue_name)
+        of = f"of queue {q.queue_name!r}"
+        want(k.pending, "zset", "queue key {}")
+        want(k.claimed, "hash", f"claimed hash {{}} {of}")
+        want(k.owners, "hash", f"claim-owners hash {{}} {of}")
+        want(k.index, "zset", f"claims index {{}} {of}")
+        want(k.deliveries, "hash", f"deliveries hash {{}} {of}")
+        want(k.dead, "zset", f"dead set {{}} {of}")
+    want(config.retry_queue_name, "zset", "retry set {}")
+    want(_keys.retry_dead(config.retry_queue_name), "zset", "retry dead set {}")
+    for q in config.queues:
+        if q.result_queue_name:
+            want(q.result_queue_name, "list", f"result list {{}} of queue {q.queue_name!r}")
+    want(config.result_queue_name, "list", "global result list {}")
+    for q in config.queues:
+        key = q.gate_params.get("key", DEFAULT_BUDGET_KEY) if q.gate_type == "redis" else None
+        if isinstance(key, str) and key:
+            want(key, "string", f"gate budget key {{}} of queue {q.queue_name!r}")
+    return roles
+
+
+def _type_name(kind: str) -> str:
+    return _TYPE_NAMES.get(kind, f"a {kind}")
+
+
+async def check_keys(store: Store, roles: dict[str, KeyRole]) -> None:
+    """Check that every existing key of ``roles`` has its type; a missing key is fine.
+    One pipelined round trip of ``TYPE`` calls.
+
+    Raises:
+        WrongKeyType: the first key holding another type, as one line naming the key, what
+            it holds and what it should hold.
+        StoreUnavailable, StoreError: from the store.
+    """
+    names = list(roles)
+    if not names:
+        return
+    replies = await store.pipeline([("TYPE", name) for name in names], transaction=False)
+    for name, reply in zip(names, replies, strict=True):
+        found = reply.decode() if isinstance(reply, bytes) else str(reply)
+        role = roles[name]
+        if found not in ("none", role.kind):
+            raise WrongKeyType(
+                f"{role.name(name)} holds {_type_name(found)}, not {_type_name(role.kind)}"
+            )
 
 
 def _retrying(what: str) -> AsyncRetrying:
@@ -227,6 +322,9 @@ class Consumer:
         self._reserved = _keys.reserved_keys(
             [q.queue_name for q in config.queues], config.retry_queue_name
         )
+        self._key_roles = key_roles(config)
+        self._fatal: WrongKeyType | None = None  # a key found of another type: stop
+        self._given_up = 0  # claims dropped unreleased after Redis refused their ack
 
     # -- public ------------------------------------------------------------------------------
 
@@ -257,6 +355,12 @@ class Consumer:
         Returns:
             The :class:`Summary` of this process.
 
+        Raises:
+            WrongKeyType: Redis refused a call and a key the consumer uses turned out to
+                hold another type than SPEC §1 says (one line naming it). Retrying cannot
+                mend that, so the consumer stopped (SPEC §5: an unrecoverable error), with
+                the same shutdown and sweep as :meth:`request_stop`.
+
         Cancellation: if the caller cancels instead of calling :meth:`request_stop`, the
         sweep still runs (shielded, ``SWEEP_TIMEOUT_SECONDS``) and returns every held claim.
         """
@@ -279,16 +383,21 @@ class Consumer:
             self._phase = _Phase.STOPPED
             if not self._swept:  # an error or a cancellation skipped the orderly shutdown
                 await self._within_budget(self._sweep)
-            self.summary.left_to_lapse = self.held_count()
-            if self.summary.left_to_lapse:
+            held = self.held_count()
+            # Claims given up after a refused ack were logged then; count them too.
+            self.summary.left_to_lapse = held + self._given_up
+            if held:
                 log.error(
                     "claimkit: %d claims could not be returned; their leases will lapse and "
                     "any instance's reclaimer will redeliver them",
-                    self.summary.left_to_lapse,
+                    held,
                 )
             if self._http is not None and self._own_http:
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await self._http.aclose()
+        if self._fatal is not None:
+            log.info("%s", self.summary.line())
+            raise self._fatal from None
         log.debug("%s", self.summary.line())
         return self.summary
 
@@ -398,8 +507,12 @@ class Consumer:
             slots = await self._reserve(self.config.batch_size)
             try:
                 busy_head = await self._poll_once(q, slots)
-            except (StoreUnavailable, StoreError) as exc:
+            except StoreUnavailable as exc:
                 self._redis_failed(f"poll {q.name}", exc)
+                busy_head = True
+            except StoreError as exc:
+                if not await self._wrong_key_type():
+                    self._redis_failed(f"poll {q.name}", exc)
                 busy_head = True
             finally:
                 for slot in slots:
@@ -412,6 +525,25 @@ class Consumer:
         if self._redis_ok is not False or isinstance(exc, StoreError):
             log.warning("%s: %s; retrying with backoff", where, exc)
         self._redis_ok = False
+
+    async def _wrong_key_type(self) -> bool:
+        """After Redis refused a call: whether a key the consumer uses (:func:`key_roles`)
+        now holds another type. Retrying cannot mend that (each lease would run the same
+        requests again and fail the same way), so the consumer stops as if asked to and
+        :meth:`run` raises the one-line :class:`WrongKeyType`. ``False`` when every key is
+        right (the refusal was about something else) or the check itself failed."""
+        if self._fatal is not None:
+            return True
+        try:
+            await check_keys(self.store, self._key_roles)
+        except WrongKeyType as exc:
+            self._fatal = exc
+            log.error("claimkit: %s; stopping", exc)
+            self.request_stop()
+            return True
+        except (StoreUnavailable, StoreError):
+            pass
+        return False
 
     def _redis_answered(self) -> None:
         if self._redis_ok is False:
@@ -623,22 +755,60 @@ class Consumer:
         for (_qid, is_park), jobs in groups.items():
             q = jobs[0].queue
             try:
-                if is_park:
-                    await self._park(q, jobs)
-                else:
-                    await self._ack(q, jobs)
-            except StoreError as exc:
-                # Redis refused (out of memory, a script error): leave the claims to lapse
-                # so that any instance redelivers them. They must leave the registry too, or
-                # the heartbeat would renew them for ever with no task behind them.
-                for job in jobs:
-                    if q.held.get(job.held.env.id) is job.held:
-                        del q.held[job.held.env.id]
-                log.error("ack %s: %s; %d claims left to lapse", q.name, exc, len(jobs))
+                await self._settle_jobs(q, jobs, is_park)
             finally:
                 for job in jobs:
                     job.done.set()
             q.metrics.claim_depth.set(len(q.held))
+
+    async def _settle_jobs(self, q: QueueRuntime, jobs: list[_Job], is_park: bool) -> None:
+        """Ack or park ``jobs`` of one queue in one script call. When Redis refuses it:
+
+        - a key of the wrong type (:meth:`_wrong_key_type`): the consumer stops, and the
+          claims stay held for the shutdown sweep to return;
+        - otherwise each job is tried alone, so one request Redis refuses (a per-request key
+          of another type, say) does not take its batch with it: a script is not rolled
+          back, and the batch's other requests must still be acked, not run again. A job
+          refused alone is given up: its claim leaves the registry (or the heartbeat would
+          renew it for ever with no task behind it) and lapses, and any instance's
+          reclaimer redelivers it. It counts in ``left_to_lapse``.
+        """
+        settle = self._park if is_park else self._ack
+        verb = "park" if is_park else "ack"
+        try:
+            await settle(q, jobs)
+            return
+        except StoreError as exc:
+            if await self._wrong_key_type():
+                log.error(
+                    "%s %s: %s; %d claims are kept for the shutdown sweep",
+                    verb,
+                    q.name,
+                    exc,
+                    len(jobs),
+                )
+                return
+            if len(jobs) == 1:
+                self._give_up(q, jobs, f"{verb} {q.name}: {exc}")
+                return
+        for job in jobs:
+            try:
+                await settle(q, [job])
+            except StoreError as exc:
+                if await self._wrong_key_type():
+                    return
+                self._give_up(q, [job], f"{verb} {q.name} ({job.held.env.id}): {exc}")
+
+    def _give_up(self, q: QueueRuntime, jobs: list[_Job], why: str) -> None:
+        """Drop claims Redis refused to settle from the registry, counted in
+        ``left_to_lapse``: their leases lapse and any instance's reclaimer redelivers them."""
+        dropped = 0
+        for job in jobs:
+            if q.held.get(job.held.env.id) is job.held:
+                del q.held[job.held.env.id]
+                dropped += 1
+        self._given_up += dropped
+        log.error("%s; %d claims left to lapse", why, dropped)
 
     async def _ack(self, q: QueueRuntime, jobs: list[_Job]) -> None:
         items = []
@@ -711,6 +881,8 @@ class Consumer:
                 try:
                     await self._renew(q)
                 except (StoreUnavailable, StoreError) as exc:
+                    if isinstance(exc, StoreError) and await self._wrong_key_type():
+                        continue
                     self._redis_failed(
                         f"heartbeat {q.name} (claims are renewed once it answers)", exc
                     )
@@ -748,6 +920,8 @@ class Consumer:
                 try:
                     counts = await q.ops.reclaim(self.config.max_deliveries)
                 except (StoreUnavailable, StoreError) as exc:
+                    if isinstance(exc, StoreError) and await self._wrong_key_type():
+                        continue
                     log.warning("reclaim %s: %s; retrying next interval", q.name, exc)
                     continue
                 if counts.redelivered or counts.dead:
@@ -776,7 +950,8 @@ class Consumer:
                         self.config.retry_queue_name,
                     )
             except (StoreUnavailable, StoreError) as exc:
-                self._redis_failed("retry mover", exc)
+                if not (isinstance(exc, StoreError) and await self._wrong_key_type()):
+                    self._redis_failed("retry mover", exc)
             await trio.sleep(interval)
 
     async def _backlog_sampler(self) -> None:

@@ -4,20 +4,25 @@ A member lands in ``<q>:dead`` when it cannot be parsed (SPEC §3.1) or was rede
 ``max_deliveries`` times (SPEC §3.7); its score is the server time it died. The member
 bytes are kept, so a dead letter can be put back exactly as the producer wrote it.
 
-Requeue runs ``lua/requeue-dead-3.lua``: back to pending at ``data.deadline``, delivery
-count reset, atomically per batch. Members are found by their ``data.id`` by reading the
-dead set in pages of :data:`~claimkit._protocol.CHUNK` (never a keyspace scan).
+Requeue moves only members the consumer would accept (:func:`~claimkit._models.parse_member`
+returns an :class:`~claimkit._models.Envelope`); any other is refused with the consumer's
+own reason and stays dead, since putting it back would only dead-letter it again. The
+accepted ones go through ``lua/requeue-dead-3.lua``: back to pending at ``data.deadline``,
+delivery count reset, atomically per batch. Members are found by their ``data.id`` by
+reading the dead set in pages of :data:`~claimkit._protocol.CHUNK` (never a keyspace scan).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _keys
-from ._inspect import with_scores
+from ._inspect import json_float, with_scores
+from ._models import Invalid, parse_member
 from ._protocol import CHUNK
 from ._scripts import script
 
@@ -26,6 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DeadLetter",
+    "PurgeReport",
+    "Refusal",
     "RequeueReport",
     "find_dead",
     "list_dead",
@@ -40,10 +47,12 @@ class DeadLetter:
 
     Attributes:
         member: the exact member bytes.
-        dead_at: when it was dead-lettered, Unix seconds (server clock; the ZSET score).
-        id: ``data.id`` when readable, else ``None``.
+        dead_at: when it was dead-lettered, Unix seconds (server clock; the ZSET score;
+            ``inf`` when someone wrote that score).
+        id: ``data.id`` when it is a non-empty string that UTF-8 can carry, else ``None``.
         deadline: ``data.deadline`` (Unix seconds) when it is a positive number, else
-            ``None``: such a member cannot be requeued.
+            ``None``. It may be huge or infinite (``1e400`` reads as ``inf``): whether the
+            member can be requeued is :attr:`problem`, not this.
     """
 
     member: bytes
@@ -53,28 +62,81 @@ class DeadLetter:
 
     @classmethod
     def parse(cls, member: bytes, dead_at: float) -> DeadLetter:
+        """Read what can be read of ``member``; never raises."""
         rid: str | None = None
         deadline: float | None = None
         try:
             doc = json.loads(member)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             doc = None
         data = doc.get("data") if isinstance(doc, dict) else None
         if isinstance(data, dict):
             value = data.get("id")
-            rid = value if isinstance(value, str) and value else None
+            rid = value if isinstance(value, str) and value and _utf8_ok(value) else None
             dl = data.get("deadline")
-            if isinstance(dl, int | float) and not isinstance(dl, bool) and dl > 0:
-                deadline = float(dl)
+            if isinstance(dl, int | float) and not isinstance(dl, bool):
+                try:
+                    number = float(dl)
+                except OverflowError:  # an integer beyond any float
+                    number = float("inf")
+                if number > 0:
+                    deadline = number
         return cls(member, dead_at, rid, deadline)
 
+    @property
+    def problem(self) -> str | None:
+        """Why requeueing this member would only dead-letter it again, or ``None`` when the
+        consumer would accept it: the reason :func:`~claimkit._models.parse_member` gives
+        (its ``INVALID_REQUEST`` message without the leading ``Failed: ``)."""
+        parsed = parse_member(self.member)
+        if isinstance(parsed, Invalid):
+            return parsed.reason.removeprefix("Failed: ")
+        return None
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        """This dead letter in ``dead list --json``: strict JSON, the member exact.
+
+        ``member`` is the member text when its bytes are valid UTF-8; otherwise ``member``
+        is ``None`` and ``member_base64`` holds the bytes (standard base64). Non-finite
+        numbers are the strings ``"inf"``, ``"-inf"``, ``"nan"``. ``cannot_requeue`` is
+        :attr:`problem` (``None`` when it can be requeued).
+        """
+        doc: dict[str, Any] = {
             "id": self.id,
-            "dead_at": self.dead_at,
-            "deadline": self.deadline,
-            "member": self.member.decode("utf-8", errors="replace"),
+            "dead_at": json_float(self.dead_at),
+            "deadline": json_float(self.deadline),
         }
+        try:
+            doc["member"] = self.member.decode("utf-8")
+        except UnicodeDecodeError:
+            doc["member"] = None
+            doc["member_base64"] = base64.b64encode(self.member).decode("ascii")
+        doc["cannot_requeue"] = self.problem
+        return doc
+
+    def label(self) -> str:
+        """How a report names it: its id, or ``?`` with when it died when it has none."""
+        if self.id is not None:
+            return self.id
+        return f"? (no readable id, dead_at={self.dead_at!r}, {len(self.member)} bytes)"
+
+
+def _utf8_ok(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (JSON may escape a lone surrogate)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A dead letter :func:`requeue_dead` left dead, and why (:attr:`DeadLetter.problem`,
+    or the requeue script's own refusal)."""
+
+    letter: DeadLetter
+    reason: str
 
 
 @dataclass
@@ -83,12 +145,26 @@ class RequeueReport:
 
     Attributes:
         requeued: ids (``"?"`` when unreadable) moved back to pending.
-        stuck: dead letters left dead because they have no readable ``data.deadline``.
+        refused: dead letters left dead because the consumer would dead-letter them again,
+            each with the reason.
         not_found: requested ids with no dead letter.
     """
 
     requeued: list[str] = field(default_factory=list)
-    stuck: list[DeadLetter] = field(default_factory=list)
+    refused: list[Refusal] = field(default_factory=list)
+    not_found: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PurgeReport:
+    """What :func:`purge_dead` did.
+
+    Attributes:
+        purged: dead letters removed (every generation of a named id counts).
+        not_found: requested ids with no dead letter (only when purging by ids).
+    """
+
+    purged: int = 0
     not_found: list[str] = field(default_factory=list)
 
 
@@ -142,19 +218,50 @@ async def _requeue(
     return [int(code) for code in reply]
 
 
+_SCRIPT_REFUSED = "the requeue script found no positive numeric data.deadline"
+
+
 def _tally(report: RequeueReport, page: Sequence[DeadLetter], codes: Sequence[int]) -> None:
     for dead, code in zip(page, codes, strict=True):
         if code == 1:
             report.requeued.append(dead.id or "?")
         elif code == -1:
-            report.stuck.append(dead)
+            report.refused.append(Refusal(dead, _SCRIPT_REFUSED))
+
+
+async def _requeue_page(
+    store: Store, queue: str, page: Sequence[DeadLetter], report: RequeueReport, *, keep: bool
+) -> int:
+    """Requeue the acceptable members of ``page`` (one script call), refuse the others.
+    Returns how many of ``page`` are still in the dead set (refused or left by the script)."""
+    accepted: list[DeadLetter] = []
+    for dead in page:
+        problem = dead.problem
+        if problem is None:
+            accepted.append(dead)
+        else:
+            report.refused.append(Refusal(dead, problem))
+    codes = (
+        await _requeue(store, queue, [d.member for d in accepted], keep_marker=keep)
+        if accepted
+        else []
+    )
+    _tally(report, accepted, codes)
+    return len(page) - len(accepted) + sum(1 for code in codes if code != 1)
 
 
 async def requeue_dead(
     store: Store, queue: str, ids: Sequence[str] | None = None, *, keep_marker: bool = False
 ) -> RequeueReport:
-    """Move dead letters back to pending at score ``data.deadline`` and reset their
-    delivery count (``HDEL <q>:deliveries <id>``), by exact bytes.
+    """Move dead letters the consumer would accept back to pending at score
+    ``data.deadline`` and reset their delivery count (``HDEL <q>:deliveries <id>``), by
+    exact bytes.
+
+    A member is requeued only when :func:`~claimkit._models.parse_member` accepts it (the
+    consumer's own check: JSON, ``request_kind``, ``data.id``, an integer ``data.deadline``
+    in range...). Any other is refused, stays dead and is listed in ``refused`` with the
+    reason: requeueing it would only dead-letter it again (and at a score of ``inf`` for a
+    deadline like ``1e400``).
 
     Unless ``keep_marker``, each requeued request's dedup marker (``result-terminal:<id>``)
     is deleted when it belongs to that member's generation, so the rerun's terminal record
@@ -170,8 +277,7 @@ async def requeue_dead(
         keep_marker: keep the dedup markers.
 
     Returns:
-        A :class:`RequeueReport`. A member without a readable ``data.deadline`` stays dead
-        and is listed in ``stuck``.
+        A :class:`RequeueReport`.
 
     Cancellation: each batch is one atomic script; a cancelled call leaves earlier batches
     requeued and later ones dead. Running it again finishes the job.
@@ -183,11 +289,7 @@ async def requeue_dead(
         report.not_found = [rid for rid in dict.fromkeys(ids) if rid not in seen]
         for start in range(0, len(found), CHUNK):
             page = found[start : start + CHUNK]
-            _tally(
-                report,
-                page,
-                await _requeue(store, queue, [d.member for d in page], keep_marker=keep_marker),
-            )
+            await _requeue_page(store, queue, page, report, keep=keep_marker)
         return report
     # All: members that stay dead keep their rank at the front, so the next page starts
     # after them; requeued members leave the set.
@@ -198,9 +300,7 @@ async def requeue_dead(
         page = _parse_page(raw)
         if not page:
             return report
-        codes = await _requeue(store, queue, [d.member for d in page], keep_marker=keep_marker)
-        _tally(report, page, codes)
-        offset += sum(1 for code in codes if code != 1)
+        offset += await _requeue_page(store, queue, page, report, keep=keep_marker)
 
 
 async def purge_dead(
@@ -209,8 +309,9 @@ async def purge_dead(
     *,
     ids: Sequence[str] | None = None,
     older_than: float | None = None,
-) -> int:
-    """Delete dead letters for good. Returns how many were removed.
+) -> PurgeReport:
+    """Delete dead letters for good. Returns a :class:`PurgeReport`: how many were removed
+    and, when purging by ``ids``, the ids that had no dead letter.
 
     Exactly one selector: ``ids`` (every dead letter with one of these ``data.id``),
     ``older_than`` (seconds: dead letters that died at least that long ago by the server
@@ -225,16 +326,18 @@ async def purge_dead(
         raise ValueError("give ids or older_than, not both")
     if ids is not None:
         found = await find_dead(store, queue, ids)
-        removed = 0
+        seen = {d.id for d in found}
+        report = PurgeReport(not_found=[rid for rid in dict.fromkeys(ids) if rid not in seen])
         for start in range(0, len(found), CHUNK):
             chunk = [d.member for d in found[start : start + CHUNK]]
-            removed += int(await store.command("ZREM", dead_key, *chunk))
-        return removed
+            report.purged += int(await store.command("ZREM", dead_key, *chunk))
+        return report
     if older_than is not None:
         if older_than < 0:
             raise ValueError("older_than must be non-negative seconds")
         secs, micros = await store.command("TIME")
         cutoff = int(secs) + int(micros) / 1_000_000 - older_than
-        return int(await store.command("ZREMRANGEBYSCORE", dead_key, "-inf", repr(cutoff)))
+        removed = await store.command("ZREMRANGEBYSCORE", dead_key, "-inf", repr(cutoff))
+        return PurgeReport(purged=int(removed))
     count, _ = await store.pipeline([("ZCARD", dead_key), ("DEL", dead_key)], transaction=True)
-    return int(count)
+    return PurgeReport(purged=int(count))

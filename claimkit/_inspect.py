@@ -12,6 +12,7 @@ string, say) into one :class:`WrongKeyType` line before any script meets it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,8 @@ __all__ = [
     "QueueSnapshot",
     "WrongKeyType",
     "check_key_types",
+    "json_float",
+    "json_safe",
     "queue_key_types",
     "snapshot",
     "with_scores",
@@ -139,13 +142,14 @@ class ClaimRow:
         return self.owner is None or not self.has_payload
 
     def to_json(self) -> dict[str, Any]:
+        """This row in ``inspect --json`` (non-finite numbers as strings, :func:`json_float`)."""
         return {
             "id": self.id,
             "owner": self.owner,
-            "lease_expiry": self.lease_expiry,
-            "lease_left_seconds": round(self.lease_left, 6),
+            "lease_expiry": json_float(self.lease_expiry),
+            "lease_left_seconds": json_float(round(self.lease_left, 6)),
             "expired": self.expired,
-            "score": self.score,
+            "score": json_float(self.score),
             "deliveries": self.deliveries,
             "ghost": self.ghost,
             "held_seconds": None if self.held_seconds is None else round(self.held_seconds, 6),
@@ -198,7 +202,11 @@ class QueueSnapshot:
         return sum(self.results.values())
 
     def to_json(self, *, url: str | None = None) -> dict[str, Any]:
-        """The ``inspect --json`` document. ``url`` must already be redacted."""
+        """The ``inspect --json`` document. ``url`` must already be redacted.
+
+        Strict JSON: a non-finite time or score (a pending score of ``inf``, say) is the
+        string ``"inf"``, ``"-inf"`` or ``"nan"`` (:func:`json_float`).
+        """
         doc: dict[str, Any] = {"queue": self.queue}
         if url is not None:
             doc["redis_url"] = url
@@ -214,7 +222,7 @@ class QueueSnapshot:
                     "results": self.result_count,
                     "redelivered": self.redelivered,
                 },
-                "oldest_pending_deadline": self.oldest_pending_deadline,
+                "oldest_pending_deadline": json_float(self.oldest_pending_deadline),
                 "retry_set": {
                     "name": self.retry_set,
                     "total": self.retry_total,
@@ -230,6 +238,28 @@ class QueueSnapshot:
         return doc
 
 
+def json_float(value: float | None) -> float | str | None:
+    """``value`` as strict JSON allows it: a finite float as is, ``None`` as is, and a
+    non-finite one as the string ``"inf"``, ``"-inf"`` or ``"nan"`` (Redis's own spelling
+    of an infinite score). JSON has no Infinity or NaN; ``json.dumps`` would write them
+    anyway, and strict parsers (``jq``, Go, JavaScript) then reject the whole document."""
+    if value is None or math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def json_safe(doc: Any) -> Any:
+    """``doc`` (dicts, lists, tuples, scalars) with every float passed through
+    :func:`json_float`, so ``json.dumps(..., allow_nan=False)`` cannot fail on it."""
+    if isinstance(doc, float):
+        return json_float(doc)
+    if isinstance(doc, dict):
+        return {key: json_safe(value) for key, value in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [json_safe(value) for value in doc]
+    return doc
+
+
 def with_scores(reply: Sequence[Any]) -> list[tuple[bytes, float]]:
     """``(member, score)`` pairs of a ``... WITHSCORES`` reply, in either shape: RESP3's
     list of pairs (coredis) or RESP2's flat ``member, score, ...`` list."""
@@ -239,18 +269,33 @@ def with_scores(reply: Sequence[Any]) -> list[tuple[bytes, float]]:
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _float(value: Any) -> float | None:
-    return None if value is None else float(value)
+    """A score or time read from Redis; ``None`` when absent or not a number (a hash field
+    written by someone else must not stop ``inspect``)."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(value: Any) -> int:
+    """A count read from a hash field; 0 when absent or not an integer."""
+    try:
+        return 0 if value is None else int(value)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _routed_to(member: bytes, queue: str) -> bool:
     """Whether a retry-set member goes back to ``queue`` (its ``internal.request_queue_name``)."""
     try:
         doc = json.loads(member)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return False
     internal = doc.get("internal") if isinstance(doc, dict) else None
     return isinstance(internal, dict) and internal.get("request_queue_name") == queue
@@ -313,7 +358,7 @@ async def snapshot(
                 lease_expiry=lease_expiry,
                 lease_left=lease_expiry - now,
                 score=_float(score),
-                deliveries=0 if deliveries is None else int(deliveries),
+                deliveries=_int(deliveries),
                 has_payload=bool(int(has_payload)),
                 # The stamp is the consumer's estimate of the server clock: never negative.
                 held_seconds=None if claimed_at is None else max(0.0, now - claimed_at),

@@ -17,6 +17,8 @@ import msgspec
 
 __all__ = [
     "DEADLINE_INVALID_MESSAGE",
+    "DEADLINE_RANGE_MESSAGE",
+    "MAX_DEADLINE",
     "Envelope",
     "ErrorCode",
     "Invalid",
@@ -27,13 +29,28 @@ __all__ = [
 
 DEADLINE_INVALID_MESSAGE = "Failed: deadline is missing or invalid (Unix seconds)."
 
+MAX_DEADLINE = 253402300799
+"""The latest ``data.deadline`` a member may carry: 9999-12-31T23:59:59Z in Unix seconds.
+
+SPEC §2.1 only asks for a JSON integer > 0; this bound is a claimkit addition shared by the
+producer and the consumer. A larger deadline cannot be a real one, does not fit Redis's
+``PXAT`` (the producer's ``SET request-active:<id>`` failed after its ``ZADD`` had already
+run in the same MULTI/EXEC), and a very large one overflows a float. Such a member is
+dead-lettered with :data:`DEADLINE_RANGE_MESSAGE`; the producer refuses it."""
+
+DEADLINE_RANGE_MESSAGE = (
+    f"Failed: deadline is out of range: at most {MAX_DEADLINE} Unix seconds (9999-12-31T23:59:59Z)."
+)
+"""``error_message`` of the ``INVALID_REQUEST`` record of a member whose ``data.deadline``
+is an integer above :data:`MAX_DEADLINE` (SPEC §2.3: "another precise reason")."""
+
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 StrMap = dict[str, str]
 
 
 class _Data(msgspec.Struct, omit_defaults=True):
     id: NonEmpty
-    deadline: Annotated[int, msgspec.Meta(gt=0)]
+    deadline: Annotated[int, msgspec.Meta(gt=0, le=MAX_DEADLINE)]
     created: int | None = None
     payload: dict[str, Any] | None = None
     metadata: StrMap | None = None
@@ -153,15 +170,22 @@ def parse_member(raw: bytes) -> Envelope | Invalid:
         raw: the member bytes as read from the pending ZSET.
 
     Returns:
-        An :class:`Envelope`, or an :class:`Invalid` whose ``reason`` names the bad field.
-        Never raises.
+        An :class:`Envelope`, or an :class:`Invalid` whose ``reason`` names the bad field:
+        :data:`DEADLINE_INVALID_MESSAGE` for a missing, non-integer or non-positive
+        ``data.deadline``, :data:`DEADLINE_RANGE_MESSAGE` for one above
+        :data:`MAX_DEADLINE`, else ``"Failed: invalid request: <msgspec's message, which
+        ends with the JSON path>"`` or ``"Failed: request is not valid JSON: ..."``.
+        Never raises. The producer (:class:`claimkit.Producer`) refuses a request whose
+        member this would not return as an :class:`Envelope` (SPEC §2.2).
     """
     try:
         wire = _decoder.decode(raw)
     except msgspec.ValidationError as exc:
         rid, token, rq = _salvage(raw)
         text = str(exc)
-        if "$.data.deadline" in text or "`deadline`" in text:
+        if text == f"Expected `int` <= {MAX_DEADLINE} - at `$.data.deadline`":
+            reason = DEADLINE_RANGE_MESSAGE
+        elif "$.data.deadline" in text or "`deadline`" in text:
             reason = DEADLINE_INVALID_MESSAGE
         else:
             reason = f"Failed: invalid request: {text}"

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import _keys
-from ._models import TerminalRecord
+from ._models import MAX_DEADLINE, Invalid, TerminalRecord, parse_member
 
 if TYPE_CHECKING:
     from ._store import Arg, Store
@@ -19,7 +19,65 @@ CANCEL_TTL_SECONDS = 604800  # 7 days (SPEC §1, request-cancel:<id>)
 
 
 class SubmitError(ValueError):
-    """A request was refused before anything was written (SPEC §2.2 messages)."""
+    """A producer call was refused before anything was written (SPEC §2.2).
+
+    ``str(err)`` is one line saying what is wrong: one of SPEC §2.2's messages ("request ID
+    is required", "deadline is required", "deadline has already expired"), a more precise
+    one about ``deadline`` or the request's shape, or the consumer's own parser's reason
+    (:func:`claimkit._models.parse_member`, without its ``"Failed: "``), which names the
+    field by its JSON path.
+
+    Attributes:
+        index: the 0-based position, in the input of :meth:`Producer.submit_many`, of the
+            request that was refused; ``None`` when the refusal is not about one request
+            (the queue key or a cancel key holds another Redis type).
+    """
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+_TYPE_NAMES = {
+    "zset": "a sorted set",
+    "hash": "a hash",
+    "list": "a list",
+    "string": "a string",
+    "set": "a set",
+    "stream": "a stream",
+}
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON value decoded by :func:`json.loads` was, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number with a fraction or exponent"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, Mapping):
+        return "an object"
+    return type(value).__name__
+
+
+def _msgspec_kind(value: object) -> str:
+    """msgspec's name for the JSON type of ``value``, as in its ``Expected ..., got `x```."""
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "array"
+    return type(value).__name__
+
+
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
 def _server_now(reply: Any) -> float:
@@ -44,10 +102,29 @@ class Producer:
     def envelope(request: Mapping[str, Any], token: str) -> dict[str, Any]:
         """The envelope for ``request``: either a whole envelope (it has ``data``) or just its
         ``data`` object. ``internal.request_token`` is set to ``token``; every other field is
-        kept as given."""
+        kept as given.
+
+        Raises:
+            SubmitError: ``request`` is not a JSON object, or its ``internal`` is present and
+                neither an object nor null.
+        """
+        if not isinstance(request, Mapping):
+            raise SubmitError(
+                "a request must be a JSON object (a data object or an envelope), "
+                f"got {_json_kind(request)}"
+            )
         if "data" in request:
             doc = dict(request)
-            internal = dict(doc.pop("internal", None) or {})
+            internal = doc.pop("internal", None)
+            if internal is None:
+                internal = {}
+            elif not isinstance(internal, Mapping):
+                # Worded as parse_member words it, so both sides name the field alike.
+                raise SubmitError(
+                    f"invalid request: Expected `object`, got `{_msgspec_kind(internal)}` - "
+                    "at `$.internal`"
+                )
+            internal = dict(internal)
         else:
             doc = {"request_kind": "plain", "data": dict(request)}
             internal = {}
@@ -55,52 +132,95 @@ class Producer:
         return {"internal": internal, "request_kind": doc.pop("request_kind", "plain"), **doc}
 
     @staticmethod
-    def _check(data: Any, now: float) -> tuple[str, int]:
-        if not isinstance(data, Mapping):
-            raise SubmitError("request data must be a JSON object")
+    def _check(data: Mapping[str, Any], now: float) -> tuple[str, int]:
+        """SPEC §2.2's checks of ``data``, with its messages, and the deadline's type and
+        range (:data:`~claimkit._models.MAX_DEADLINE`) said precisely."""
         rid = data.get("id")
         if not isinstance(rid, str) or not rid:
             raise SubmitError("request ID is required")
         deadline = data.get("deadline")
-        if isinstance(deadline, bool) or not isinstance(deadline, int) or deadline <= 0:
+        if deadline is None:
             raise SubmitError("deadline is required")
+        if isinstance(deadline, bool) or not isinstance(deadline, int):
+            raise SubmitError(
+                f"deadline must be an integer number of Unix seconds, got {_json_kind(deadline)}"
+            )
+        if deadline <= 0:
+            raise SubmitError("deadline is required")
+        if deadline > MAX_DEADLINE:
+            raise SubmitError(
+                f"deadline is out of range: at most {MAX_DEADLINE} Unix seconds "
+                f"(9999-12-31T23:59:59Z), got {deadline}"
+            )
         if deadline <= now:
             raise SubmitError("deadline has already expired")
         return rid, deadline
 
+    def _member(self, request: Mapping[str, Any], token: str, now: float) -> tuple[str, int, bytes]:
+        """The exact member bytes of ``request``, checked by the consumer's own parser.
+
+        Returns ``(id, deadline, member)``. Raises :class:`SubmitError` (``index`` unset)."""
+        doc = self.envelope(request, token)
+        data = doc.get("data")
+        if isinstance(data, Mapping):  # else parse_member names `$.data` below
+            self._check(data, now)
+        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+        try:
+            member = text.encode()
+        except UnicodeEncodeError:
+            # json.loads accepts an escaped lone surrogate ("\ud800"); UTF-8 cannot carry it.
+            raise SubmitError(
+                "request holds a string with a lone surrogate escape (such as \\ud800), "
+                "which is not valid Unicode"
+            ) from None
+        parsed = parse_member(member)
+        if isinstance(parsed, Invalid):
+            raise SubmitError(parsed.reason.removeprefix("Failed: "))
+        return parsed.id, parsed.deadline, member
+
     async def submit_many(self, requests: Iterable[Mapping[str, Any]]) -> list[str]:
         """Submit requests atomically, all or none, in one MULTI/EXEC (SPEC §2.2).
 
-        Each request is an envelope or a bare ``data`` object with ``id`` (non-empty string)
-        and ``deadline`` (integer Unix seconds, in the future by the Redis server clock).
+        Each request is an envelope (it has ``data``) or a bare ``data`` object, with
+        ``id`` (non-empty string) and ``deadline`` (JSON integer, Unix seconds, in the
+        future by the Redis server clock, at most
+        :data:`~claimkit._models.MAX_DEADLINE`). Every request is checked before anything is
+        written: its exact member bytes must pass the consumer's parser
+        (:func:`~claimkit._models.parse_member`), so nothing submitted is later
+        dead-lettered as malformed. Per request the transaction runs ``DEL
+        request-cancel:<id>``, ``SET request-active:<id> <token> PXAT <deadline ms>`` and
+        ``ZADD <q> <deadline> <member>``.
 
         Returns:
-            The generated ``request_token`` of each request, in order.
+            The generated ``request_token`` (32 hex characters) of each request, in order.
+            An empty input writes nothing and returns ``[]``.
 
         Raises:
-            SubmitError: a request is invalid (nothing was written).
+            SubmitError: a request is invalid (its position in ``index``), or the queue key
+                holds another Redis type; nothing was written.
             StoreUnavailable, StoreError: from the store.
         """
         now_reply, kind = await self.store.pipeline(
             [["TIME"], ["TYPE", self.queue]], transaction=False
         )
         now = _server_now(now_reply)
-        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+        kind = _text(kind)
         if kind not in ("zset", "none"):
             # Checked first: MULTI/EXEC does not roll back, so a failing ZADD would leave the
             # request-active marker of a request that was never queued.
             raise SubmitError(f"queue key {self.queue!r} holds a {kind}, not a sorted set")
         commands: list[list[Arg]] = []
         tokens: list[str] = []
-        for request in requests:
+        for index, request in enumerate(requests):
             token = secrets.token_hex(16)
-            doc = self.envelope(request, token)
-            rid, deadline = self._check(doc.get("data"), now)
-            member = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+            try:
+                rid, deadline, member = self._member(request, token, now)
+            except SubmitError as exc:
+                raise SubmitError(str(exc), index=index) from None
             commands += [
                 ["DEL", _keys.request_cancel(rid)],
                 ["SET", _keys.request_active(rid), token, "PXAT", deadline * 1000],
-                ["ZADD", self.queue, deadline, member],
+                ["ZADD", self.queue, deadline, member.decode()],
             ]
             tokens.append(token)
         if commands:
@@ -112,15 +232,42 @@ class Producer:
         return (await self.submit_many([request]))[0]
 
     async def cancel(self, request_id: str) -> bool:
-        """Cancel a request (SPEC §2.2): if ``request-active:<id>`` exists, copy its token to
-        ``request-cancel:<id>`` with a 7-day TTL. Returns whether a live request was found.
-        The consumer then ends it with a ``CANCELLED`` record when it next meets it."""
-        token = await self.store.command("GET", _keys.request_active(request_id))
-        if token is None:
-            return False
-        await self.store.command(
-            "SET", _keys.request_cancel(request_id), token, "EX", CANCEL_TTL_SECONDS
+        """Cancel a request (SPEC §2.2): if ``request-active:<id>`` holds the token of a live
+        generation, copy it to ``request-cancel:<id>`` with a 7-day TTL
+        (:data:`CANCEL_TTL_SECONDS`). The consumer then ends it with a ``CANCELLED`` record
+        when it next claims it; a request already being run is not interrupted.
+
+        A generation whose terminal record was already pushed (``result-terminal:<id>``
+        holds its token, SPEC §1) is finished: nothing is written. So is an unknown id or
+        one past its deadline (``request-active:<id>`` has expired).
+
+        Returns:
+            Whether a live generation was found and the cancel marker set.
+
+        Raises:
+            SubmitError: ``request-active:<id>``, ``request-cancel:<id>`` or
+                ``result-terminal:<id>`` holds another Redis type than a string (one line
+                naming the key); nothing was written.
+            StoreUnavailable, StoreError: from the store.
+        """
+        active = _keys.request_active(request_id)
+        cancel = _keys.request_cancel(request_id)
+        terminal = _keys.result_terminal(request_id)
+        names = (active, cancel, terminal)
+        kinds = await self.store.pipeline([["TYPE", k] for k in names], transaction=True)
+        for name, reply in zip(names, kinds, strict=True):
+            kind = _text(reply)
+            if kind not in ("string", "none"):
+                raise SubmitError(
+                    f"key {name!r} holds {_TYPE_NAMES.get(kind, kind)}, not a string: "
+                    "nothing was cancelled"
+                )
+        token, finished = await self.store.pipeline(
+            [["GET", active], ["GET", terminal]], transaction=True
         )
+        if token is None or token == finished:
+            return False
+        await self.store.command("SET", cancel, token, "EX", CANCEL_TTL_SECONDS)
         return True
 
     async def results(self, count: int = 100, *, peek: bool = False) -> list[TerminalRecord]:

@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from ._config import Config, ConfigError
-from ._consumer import Consumer, Summary
+from ._consumer import Consumer, Summary, check_keys, key_roles
 from ._health import serve_http
 from ._store import Store, StoreUnavailable, open_store
 
@@ -73,19 +73,20 @@ async def _signals(
 
 async def _preflight(store: Store, config: Config) -> None:
     """Refuse to start on a mistake that retrying cannot mend: a wrong password (StoreError)
-    or a queue key of another type. Redis merely unreachable is not one of them: the
-    consumer starts and retries until it answers (SPEC §5)."""
+    or any key serve uses holding another type than SPEC §1 says (:func:`key_roles`: each
+    queue's own keys, the retry set and its dead set, the result lists, a gate's budget
+    key; keys that do not exist are fine). Redis merely unreachable is not one of them: the
+    consumer starts and retries until it answers (SPEC §5).
+
+    Raises:
+        WrongKeyType: one line naming the key, the type it holds and the type expected.
+        ConfigError: one key would have to be two types (:func:`key_roles`).
+    """
+    roles = key_roles(config)
     try:
-        kinds = await store.pipeline(
-            [["PING"], *(["TYPE", q.queue_name] for q in config.queues)], transaction=False
-        )
+        await check_keys(store, roles)
     except StoreUnavailable as exc:
         log.warning("claimkit: Redis is unavailable at start (%s); retrying until it answers", exc)
-        return
-    for q, kind in zip(config.queues, kinds[1:], strict=True):
-        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
-        if kind not in ("zset", "none"):
-            raise ConfigError(f"queue key {q.queue_name!r} holds a {kind}, not a sorted set")
 
 
 async def serve_forever(config: Config, *, backend: str = "coredis") -> Summary:

@@ -552,6 +552,7 @@ def test_dead_list_text_and_json(redis_url: str) -> None:
                 "dead_at": 1_700_000_000.0,
                 "deadline": 1_900_000_000.0,
                 "member": good.decode(),
+                "cannot_requeue": None,
             },
         ],
     }
@@ -563,20 +564,27 @@ def test_dead_requeue_by_id_and_all(redis_url: str) -> None:
     do(redis_url, ("ZADD", f"{Q}:dead", 1, a, 2, b, 3, c, 4, b"junk"))
     result = invoke(["dead", "requeue", "-q", Q, "a"], redis_url)
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"claimkit dead requeue {Q}: requeued=1 left_dead=0 not_found=0\n"
+    assert result.stdout == f"claimkit dead requeue {Q}: requeued=1 refused=0 not_found=0\n"
     assert do(redis_url, ("ZRANGE", Q, 0, -1, "WITHSCORES"))[0] == [[a, 1_900_000_000.0]]
 
     missing = invoke(["dead", "requeue", "-q", Q, "b", "zz"], redis_url)
     assert missing.exit_code == 1
-    assert missing.stdout == f"claimkit dead requeue {Q}: requeued=1 left_dead=0 not_found=1\n"
+    assert missing.stdout == f"claimkit dead requeue {Q}: requeued=1 refused=0 not_found=1\n"
     assert missing.stderr == "claimkit: no dead letter for zz\n"
 
     everything = invoke(["dead", "requeue", "-q", Q, "--all", "--json"], redis_url)
-    assert everything.exit_code == 0
+    assert everything.exit_code == 1  # junk was refused
     assert json.loads(everything.stdout) == {
         "queue": Q,
         "requeued": ["c"],
-        "left_dead": ["?"],
+        "refused": [
+            {
+                "id": None,
+                "dead_at": 4.0,
+                "reason": "request is not valid JSON: JSON is malformed: invalid character "
+                "(byte 0)",
+            }
+        ],
         "not_found": [],
     }
     assert do(redis_url, ("ZRANGE", f"{Q}:dead", 0, -1))[0] == [b"junk"]
@@ -596,14 +604,14 @@ def test_dead_purge(redis_url: str) -> None:
     one_line_error(invoke(["dead", "purge", "-q", Q], redis_url), message)
     one_line_error(invoke(["dead", "purge", "-q", Q, "a", "--all"], redis_url), message)
     assert invoke(["dead", "purge", "-q", Q, "a"], redis_url).stdout == (
-        f"claimkit dead purge {Q}: purged=1\n"
+        f"claimkit dead purge {Q}: purged=1 not_found=0\n"
     )
     assert invoke(["dead", "purge", "-q", Q, "--older-than", "100"], redis_url).stdout == (
-        f"claimkit dead purge {Q}: purged=1\n"
+        f"claimkit dead purge {Q}: purged=1 not_found=0\n"
     )
     assert do(redis_url, ("ZRANGE", f"{Q}:dead", 0, -1))[0] == [c]
     assert invoke(["dead", "purge", "-q", Q, "--all"], redis_url).stdout == (
-        f"claimkit dead purge {Q}: purged=1\n"
+        f"claimkit dead purge {Q}: purged=1 not_found=0\n"
     )
     assert do(redis_url, ("EXISTS", f"{Q}:dead"))[0] == 0
 

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 import trio
 
-from claimkit._dead import DeadLetter, find_dead, list_dead, purge_dead, requeue_dead
+from claimkit._dead import (
+    DeadLetter,
+    PurgeReport,
+    find_dead,
+    list_dead,
+    purge_dead,
+    requeue_dead,
+)
 from claimkit._protocol import CHUNK, QueueOps
 from claimkit._store import Store
 
@@ -49,6 +56,7 @@ async def test_list_is_oldest_first_and_reads_what_it_can(store: Store) -> None:
             "dead_at": 10.0,
             "deadline": 1_900_000_000.0,
             "member": good.decode(),
+            "cannot_requeue": None,
         }
         assert await zset(store, DEAD) != [], "listing removed nothing"
 
@@ -65,7 +73,7 @@ async def test_requeue_by_id_restores_bytes_score_and_resets_deliveries(store: S
 
         assert report.requeued == ["a"]
         assert report.not_found == ["zzz"]
-        assert report.stuck == []
+        assert report.refused == []
         assert await zset(store, Q) == [(a, 1_900_000_123.0)]
         assert await zset(store, DEAD) == [(b, 2.0)]
         assert await store.command("HGETALL", f"{Q}:deliveries") == {b"b": b"4"}
@@ -110,10 +118,10 @@ async def test_a_member_without_a_readable_deadline_stays_dead(store: Store) -> 
         await store.command("ZADD", DEAD, *[v for i, m in enumerate(bad) for v in (i, m)])
         report = await requeue_dead(store, Q, ["x", "y"])
         assert report.requeued == []
-        assert [d.id for d in report.stuck] == ["x", "y"]
+        assert [r.letter.id for r in report.refused] == ["x", "y"]
         report = await requeue_dead(store, Q)
         assert report.requeued == []
-        assert [d.member for d in report.stuck] == bad
+        assert [r.letter.member for r in report.refused] == bad
         assert [m for m, _ in await zset(store, DEAD)] == bad
         assert await store.command("EXISTS", Q) == 0
 
@@ -137,7 +145,7 @@ async def test_requeue_all_pages_past_one_chunk_around_stuck_members(store: Stor
         report = await requeue_dead(store, Q)
 
         assert len(report.requeued) == n - len(stuck)
-        assert [d.member for d in report.stuck] == stuck
+        assert [r.letter.member for r in report.refused] == stuck
         assert await zset(store, Q) == expected
         assert [m for m, _ in await zset(store, DEAD)] == stuck
 
@@ -189,13 +197,13 @@ async def test_purge_by_ids_by_age_and_all(store: Store) -> None:
         await store.command(
             "ZADD", DEAD, now - 1000, a, now - 900, a2, now - 500, b, now - 10, c, now, d
         )
-        assert await purge_dead(store, Q, ids=["a", "nope"]) == 2
+        assert await purge_dead(store, Q, ids=["a", "nope"]) == PurgeReport(2, ["nope"])
         assert [m for m, _ in await zset(store, DEAD)] == [b, c, d]
-        assert await purge_dead(store, Q, older_than=100) == 1
+        assert await purge_dead(store, Q, older_than=100) == PurgeReport(1)
         assert [m for m, _ in await zset(store, DEAD)] == [c, d]
-        assert await purge_dead(store, Q) == 2
+        assert await purge_dead(store, Q) == PurgeReport(2)
         assert await store.command("EXISTS", DEAD) == 0
-        assert await purge_dead(store, Q) == 0
+        assert await purge_dead(store, Q) == PurgeReport(0)
         with pytest.raises(ValueError, match="not both"):
             await purge_dead(store, Q, ids=["a"], older_than=1)
         with pytest.raises(ValueError, match="non-negative"):

@@ -452,9 +452,19 @@ async def test_submit_a_whole_envelope_with_internal_fields(store: Store) -> Non
         ({"id": "a"}, "deadline is required"),
         ({"id": "a", "deadline": 0}, "deadline is required"),
         ({"id": "a", "deadline": -10}, "deadline is required"),
-        ({"id": "a", "deadline": "1900000000"}, "deadline is required"),
-        ({"id": "a", "deadline": True}, "deadline is required"),
-        ({"id": "a", "deadline": 1_900_000_000.0}, "deadline is required"),
+        (
+            {"id": "a", "deadline": "1900000000"},
+            "deadline must be an integer number of Unix seconds, got a string",
+        ),
+        (
+            {"id": "a", "deadline": True},
+            "deadline must be an integer number of Unix seconds, got a boolean",
+        ),
+        (
+            {"id": "a", "deadline": 1_900_000_000.0},
+            "deadline must be an integer number of Unix seconds, got a number with a fraction "
+            "or exponent",
+        ),
         ({"id": "a", "deadline": "PAST"}, "deadline has already expired"),
         ({"id": "a", "deadline": "NOW"}, "deadline has already expired"),
     ],

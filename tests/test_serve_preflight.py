@@ -1,0 +1,382 @@
+"""`claimkit serve` and keys of the wrong Redis type (SPEC §1, §5), and the exit summary's
+``left_to_lapse`` (claims given up without being released).
+
+- At start: every key serve uses whose type the config tells is checked; one of another
+  type ends serve with one line and exit status 1, before anything is claimed.
+- While running: a key that turns into another type stops the consumer with the same line
+  (the claims it holds are swept back), instead of running the same requests again every
+  lease for ever.
+- A claim dropped after Redis refused its ack counts in ``left_to_lapse``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from claimkit._config import ConfigError, load_config
+from claimkit._consumer import Consumer, QueueRuntime
+from claimkit._dispatch import Done, Outcome
+from claimkit._inspect import WrongKeyType
+from claimkit._models import Envelope, TerminalRecord
+from claimkit._producer import Producer
+from claimkit._serve import _preflight
+from claimkit._store import Store
+
+CLAIMKIT = str(Path(sys.executable).with_name("claimkit"))
+Q = "wq"
+RL = "wq-results"
+
+
+def config_doc(**overrides: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "poll_interval_ms": 20,
+        "claim_lease_ttl_seconds": 3,
+        "claim_reclaim_interval_ms": 100,
+        "metrics_port": 0,
+        "health_port": 0,
+        "drain_timeout_seconds": 1,
+        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
+    }
+    doc.update(overrides)
+    return doc
+
+
+def make_config(redis_url: str, **overrides: Any) -> Any:
+    return load_config(inline=json.dumps({"url": redis_url, **config_doc(**overrides)}))
+
+
+def with_result_list(**overrides: Any) -> dict[str, Any]:
+    return {
+        "queues": [
+            {"queue_name": Q, "igw_base_url": "http://127.0.0.1:9", "result_queue_name": RL}
+        ],
+        **overrides,
+    }
+
+
+def deadline() -> int:
+    return int(time.time()) + 600
+
+
+def run_serve(redis_url: str, doc: dict[str, Any]) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [CLAIMKIT, "serve", "--transport-config", json.dumps(doc)],
+        capture_output=True,
+        env={**os.environ, "REDIS_URL": redis_url},
+        timeout=30,
+    )
+
+
+async def redis_state(store: Store) -> dict[str, Any]:
+    return {
+        "pending": await store.command("ZRANGE", Q, 0, -1, "WITHSCORES"),
+        "claimed": await store.command("HLEN", f"{Q}:claimed"),
+        "owners": await store.command("HLEN", f"{Q}:claim-owners"),
+        "index": await store.command("ZCARD", f"{Q}:claims-idx"),
+        "deliveries": await store.command("HLEN", f"{Q}:deliveries"),
+    }
+
+
+# -- at start ------------------------------------------------------------------------------
+
+
+async def test_serve_refuses_a_result_list_holding_a_string(store: Store, redis_url: str) -> None:
+    """The new-user trial: the queue's result list is a string. serve used to start, run the
+    request, fail its ack, and run it again every lease."""
+    await Producer(store, Q).submit({"id": "a", "deadline": deadline()})
+    await store.command("SET", RL, "oops")
+    before = await redis_state(store)
+    proc = await trio.to_thread.run_sync(run_serve, redis_url, config_doc(**with_result_list()))
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == (
+        f"claimkit: result list '{RL}' of queue '{Q}' holds a string, not a list\n"
+    )
+    assert proc.stdout == b""
+    assert await redis_state(store) == before  # nothing claimed, nothing run
+    assert await store.command("GET", RL) == b"oops"
+
+
+async def test_serve_refuses_a_claims_index_holding_a_string(store: Store, redis_url: str) -> None:
+    """Like `claimkit reclaim --once`, serve refuses at once rather than logging reclaim
+    errors in a loop."""
+    await store.command("SET", f"{Q}:claims-idx", "oops")
+    proc = await trio.to_thread.run_sync(run_serve, redis_url, config_doc())
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == (
+        f"claimkit: claims index '{Q}:claims-idx' of queue '{Q}' holds a string, not a sorted set\n"
+    )
+    assert await store.command("GET", f"{Q}:claims-idx") == b"oops"
+
+
+@pytest.mark.parametrize(
+    ("key", "setup", "line"),
+    [
+        (Q, ("SET", Q, "x"), f"queue key '{Q}' holds a string, not a sorted set"),
+        (
+            f"{Q}:claimed",
+            ("SET", f"{Q}:claimed", "x"),
+            f"claimed hash '{Q}:claimed' of queue '{Q}' holds a string, not a hash",
+        ),
+        (
+            f"{Q}:claim-owners",
+            ("LPUSH", f"{Q}:claim-owners", "x"),
+            f"claim-owners hash '{Q}:claim-owners' of queue '{Q}' holds a list, not a hash",
+        ),
+        (
+            f"{Q}:deliveries",
+            ("ZADD", f"{Q}:deliveries", 1, "x"),
+            f"deliveries hash '{Q}:deliveries' of queue '{Q}' holds a sorted set, not a hash",
+        ),
+        (
+            f"{Q}:dead",
+            ("HSET", f"{Q}:dead", "f", "x"),
+            f"dead set '{Q}:dead' of queue '{Q}' holds a hash, not a sorted set",
+        ),
+        (
+            "retry-sortedset",
+            ("SADD", "retry-sortedset", "x"),
+            "retry set 'retry-sortedset' holds a set, not a sorted set",
+        ),
+        (
+            "retry-sortedset:dead",
+            ("SET", "retry-sortedset:dead", "x"),
+            "retry dead set 'retry-sortedset:dead' holds a string, not a sorted set",
+        ),
+        (
+            "result-list",
+            ("SET", "result-list", "x"),
+            "global result list 'result-list' holds a string, not a list",
+        ),
+    ],
+)
+async def test_preflight_names_the_key_its_type_and_the_expected_type(
+    store: Store, redis_url: str, key: str, setup: tuple[Any, ...], line: str
+) -> None:
+    await store.command(*setup)
+    with pytest.raises(WrongKeyType) as info:
+        await _preflight(store, make_config(redis_url))
+    assert str(info.value) == line
+
+
+async def test_preflight_checks_a_redis_gate_budget_key(store: Store, redis_url: str) -> None:
+    await store.command("LPUSH", "budget", "x")
+    queues = [
+        {
+            "queue_name": Q,
+            "igw_base_url": "http://127.0.0.1:9",
+            "gate_type": "redis",
+            "gate_params": {"key": "budget"},
+        }
+    ]
+    with pytest.raises(WrongKeyType) as info:
+        await _preflight(store, make_config(redis_url, queues=queues))
+    assert str(info.value) == "gate budget key 'budget' of queue 'wq' holds a list, not a string"
+
+
+async def test_preflight_accepts_missing_keys_and_right_types(store: Store, redis_url: str) -> None:
+    config = make_config(redis_url, **with_result_list())
+    await _preflight(store, config)  # nothing exists: fine
+    await Producer(store, Q).submit({"id": "a", "deadline": deadline()})
+    await store.command("LPUSH", RL, "r")
+    await store.command("LPUSH", "result-list", "r")
+    await store.command("ZADD", "retry-sortedset", 1, "m")
+    await store.command("HSET", f"{Q}:deliveries", "a", 1)
+    await _preflight(store, config)
+
+
+async def test_preflight_refuses_one_key_in_two_roles(store: Store, redis_url: str) -> None:
+    """A result list named like a queue's dead set would turn that set into a list."""
+    config = make_config(
+        redis_url,
+        queues=[{"queue_name": Q, "igw_base_url": "http://x", "result_queue_name": f"{Q}:dead"}],
+    )
+    with pytest.raises(ConfigError) as info:
+        await _preflight(store, config)
+    assert str(info.value) == (
+        f"result list '{Q}:dead' of queue '{Q}' is also the dead set '{Q}:dead' of queue "
+        f"'{Q}': one key cannot be both a sorted set and a list"
+    )
+
+
+# -- while running -------------------------------------------------------------------------
+
+
+async def test_a_result_list_turned_string_while_running_stops_the_consumer(
+    store: Store, redis_url: str
+) -> None:
+    """The list is fine at start and becomes a string while a request runs: its ack fails.
+    The consumer stops with the one line and sweeps the claim back, once, rather than
+    letting it lapse and running the request again every lease."""
+    runs: list[str] = []
+
+    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        runs.append(env.id)
+        await store.command("SET", RL, "oops")
+        return Done(TerminalRecord.http(env.id, 200, "{}"))
+
+    await Producer(store, Q).submit({"id": "a", "deadline": deadline()})
+    before = await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")
+    consumer = Consumer(make_config(redis_url, **with_result_list()), store, handler=handler)
+    with trio.fail_after(20), pytest.raises(WrongKeyType) as info:
+        await consumer.run()
+    assert str(info.value) == f"result list '{RL}' of queue '{Q}' holds a string, not a list"
+    assert runs == ["a"]
+    assert await redis_state(store) == {
+        "pending": before,  # same bytes, same score
+        "claimed": 0,
+        "owners": 0,
+        "index": 0,
+        "deliveries": 0,
+    }
+    assert await store.command("GET", RL) == b"oops"
+    assert await store.command("EXISTS", "result-terminal:a") == 0
+    s = consumer.summary
+    assert (s.claimed, s.acked, s.released, s.left_to_lapse) == (1, 0, 1, 0)
+
+
+async def test_a_claims_index_turned_string_while_running_stops_the_consumer(
+    store: Store, redis_url: str
+) -> None:
+    """The reclaimer meets it: the consumer stops, instead of logging reclaim errors for ever."""
+    consumer = Consumer(make_config(redis_url), store)
+    caught: list[WrongKeyType] = []
+
+    async def run(task_status: trio.TaskStatus[None]) -> None:
+        try:
+            await consumer.run(task_status=task_status)
+        except WrongKeyType as exc:
+            caught.append(exc)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run)
+            await store.command("SET", f"{Q}:claims-idx", "oops")
+    assert [str(exc) for exc in caught] == [
+        f"claims index '{Q}:claims-idx' of queue '{Q}' holds a string, not a sorted set"
+    ]
+    assert await store.command("GET", f"{Q}:claims-idx") == b"oops"
+
+
+def test_serve_process_exits_1_when_a_key_turns_wrong_while_running(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The trial's case through the command, with the list turned into a string after
+    serve started: exit status 1, the one line last on stderr, the request back in pending
+    at its score (run once, not once per lease)."""
+
+    async def main() -> None:
+        from claimkit._store import open_store
+
+        async with open_store(redis_url) as store:
+            log = tmp_path / "serve.log"
+            doc = config_doc(**with_result_list())
+            with log.open("w") as err:
+                proc = subprocess.Popen(
+                    [CLAIMKIT, "serve", "--transport-config", json.dumps(doc)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    env={**os.environ, "REDIS_URL": redis_url},
+                )
+            try:
+                with trio.fail_after(20):
+                    while "claimkit: serving " not in log.read_text():
+                        assert proc.poll() is None, log.read_text()
+                        await trio.sleep(0.05)
+                    await store.command("SET", RL, "oops")
+                    await Producer(store, Q).submit({"id": "a", "deadline": due})
+                    while proc.poll() is None:
+                        await trio.sleep(0.05)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+            text = log.read_text()
+            assert proc.returncode == 1, text
+            assert text.splitlines()[-1] == (
+                f"claimkit: result list '{RL}' of queue '{Q}' holds a string, not a list"
+            )
+            assert text.count("ends INFERENCE_ERROR") == 1  # run once
+            assert "sweep wq: released 1 of 1 claims" in text
+            state = await redis_state(store)
+            [(member, score)] = state.pop("pending")
+            assert json.loads(member)["data"]["id"] == "a"
+            assert score == due  # back at its original score
+            assert state == {"claimed": 0, "owners": 0, "index": 0, "deliveries": 0}
+            assert await store.command("GET", RL) == b"oops"
+
+    due = deadline()
+    trio.run(main)
+
+
+# -- left_to_lapse -------------------------------------------------------------------------
+
+
+async def test_a_refused_ack_counts_in_left_to_lapse(store: Store, redis_url: str) -> None:
+    """Redis refuses one request's ack (its dedup marker holds a hash): the claim is given
+    up to lapse, and the summary says so, as the log did."""
+    done = trio.Event()
+
+    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        done.set()
+        return Done(TerminalRecord.http(env.id, 200, "{}"))
+
+    await store.command("HSET", "result-terminal:a", "f", "v")
+    await Producer(store, Q).submit({"id": "a", "deadline": deadline()})
+    consumer = Consumer(make_config(redis_url, claim_lease_ttl_seconds=30), store, handler=handler)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            await done.wait()
+            while consumer.held_count():
+                await trio.sleep(0.02)
+            consumer.request_stop()
+    s = consumer.summary
+    assert (s.claimed, s.acked, s.released, s.left_to_lapse) == (1, 0, 0, 1)
+    # The claim is still in Redis under its lease, for a reclaimer to redeliver.
+    state = await redis_state(store)
+    assert (state["pending"], state["claimed"], state["owners"], state["index"]) == ([], 2, 1, 1)
+    assert await store.command("LLEN", "result-list") == 0
+
+
+async def test_one_refused_ack_does_not_take_its_batch_with_it(
+    store: Store, redis_url: str
+) -> None:
+    """Two records acked in one script call, one of them refused: the other is still
+    acked (its claim gone, its record written); only the refused one is left to lapse."""
+    both = trio.Event()
+    started: list[str] = []
+
+    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        started.append(env.id)
+        if len(started) == 2:
+            both.set()
+        await both.wait()
+        return Done(TerminalRecord.http(env.id, 200, "{}"))
+
+    await store.command("HSET", "result-terminal:bad", "f", "v")
+    producer = Producer(store, Q)
+    await producer.submit({"id": "bad", "deadline": deadline()})
+    await producer.submit({"id": "good", "deadline": deadline() + 1})
+    consumer = Consumer(make_config(redis_url, claim_lease_ttl_seconds=30), store, handler=handler)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            await both.wait()
+            while consumer.held_count():
+                await trio.sleep(0.02)
+            consumer.request_stop()
+    assert consumer.summary.left_to_lapse == 1
+    records = [json.loads(r) for r in await store.command("LRANGE", "result-list", 0, -1)]
+    assert [r["id"] for r in records] == ["good"]
+    assert await store.command("HKEYS", f"{Q}:claim-owners") == [b"bad"]
+    assert await store.command("ZRANGE", f"{Q}:claims-idx", 0, -1) == [b"bad"]
+    assert await store.command("ZCARD", Q) == 0
