@@ -147,16 +147,6 @@ class QueueRuntime:
         return self.config.queue_name
 
 
-_TYPE_NAMES = {
-    "zset": "a sorted set",
-    "hash": "a hash",
-    "list": "a list",
-    "string": "a string",
-    "set": "a set",
-    "stream": "a stream",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class KeyRole:
     """What a key is to ``serve``: its Redis ``TYPE`` name (SPEC §1) and a description for
@@ -186,7 +176,7 @@ def key_roles(config: Config) -> dict[str, KeyRole]:
         if seen.kind != kind:
             raise ConfigError(
                 f"{KeyRole(kind, what).name(key)} is also the {seen.name(key)}: one key "
-                f"cannot be both {_type_name(seen.kind)} and {_type_name(kind)}"
+                f"cannot be both {_keys.type_name(seen.kind)} and {_keys.type_name(kind)}"
             )
 
     for q in config.queues:
@@ -211,10 +201,6 @@ def key_roles(config: Config) -> dict[str, KeyRole]:
     return roles
 
 
-def _type_name(kind: str) -> str:
-    return _TYPE_NAMES.get(kind, f"a {kind}")
-
-
 async def check_keys(store: Store, roles: dict[str, KeyRole]) -> None:
     """Check that every existing key of ``roles`` has its type; a missing key is fine.
     One pipelined round trip of ``TYPE`` calls.
@@ -233,7 +219,8 @@ async def check_keys(store: Store, roles: dict[str, KeyRole]) -> None:
         role = roles[name]
         if found not in ("none", role.kind):
             raise WrongKeyType(
-                f"{role.name(name)} holds {_type_name(found)}, not {_type_name(role.kind)}"
+                f"{role.name(name)} holds {_keys.type_name(found)}, "
+                f"not {_keys.type_name(role.kind)}"
             )
 
 

@@ -42,15 +42,6 @@ RETRY_SCAN_MAX = 1000
 """At most this many retry-set members are read to count the ones routed to a queue. A
 larger retry set is counted as a lower bound (``retrying_exact`` False)."""
 
-_TYPE_NAMES = {
-    "zset": "a sorted set",
-    "hash": "a hash",
-    "list": "a list",
-    "string": "a string",
-    "set": "a set",
-    "stream": "a stream",
-}
-
 
 class WrongKeyType(ConfigError):
     """A key claimkit reads holds another Redis type than the layout says (SPEC §1).
@@ -90,8 +81,8 @@ async def check_key_types(store: Store, expected: Mapping[str, str]) -> None:
         want = expected[name]
         if found not in ("none", want):
             raise WrongKeyType(
-                f"key {name!r} holds {_TYPE_NAMES.get(found, found)}, not "
-                f"{_TYPE_NAMES.get(want, want)}: is the queue or list name right?"
+                f"key {name!r} holds {_keys.type_name(found)}, not "
+                f"{_keys.type_name(want)}: is the queue or list name right?"
             )
 
 

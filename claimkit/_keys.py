@@ -93,3 +93,18 @@ def is_reserved(name: str, reserved: frozenset[str]) -> bool:
     return name in reserved or name.startswith(
         (RESULT_TERMINAL_PREFIX, REQUEST_ACTIVE_PREFIX, REQUEST_CANCEL_PREFIX)
     )
+
+
+_TYPE_NAMES = {
+    "zset": "a sorted set",
+    "hash": "a hash",
+    "list": "a list",
+    "string": "a string",
+    "set": "a set",
+    "stream": "a stream",
+}
+
+
+def type_name(kind: str) -> str:
+    """A Redis ``TYPE`` reply as words for one-line errors: ``"zset"`` -> ``"a sorted set"``."""
+    return _TYPE_NAMES.get(kind, f"a {kind}")

@@ -38,16 +38,6 @@ class SubmitError(ValueError):
         self.index = index
 
 
-_TYPE_NAMES = {
-    "zset": "a sorted set",
-    "hash": "a hash",
-    "list": "a list",
-    "string": "a string",
-    "set": "a set",
-    "stream": "a stream",
-}
-
-
 def _json_kind(value: object) -> str:
     """What a JSON value decoded by :func:`json.loads` was, for messages."""
     if value is None:
@@ -259,7 +249,7 @@ class Producer:
             kind = _text(reply)
             if kind not in ("string", "none"):
                 raise SubmitError(
-                    f"key {name!r} holds {_TYPE_NAMES.get(kind, kind)}, not a string: "
+                    f"key {name!r} holds {_keys.type_name(kind)}, not a string: "
                     "nothing was cancelled"
                 )
         token, finished = await self.store.pipeline(

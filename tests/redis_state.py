@@ -6,9 +6,14 @@ config makes it importable as ``redis_state``). Replies may be RESP2 or RESP3 sh
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
-from claimkit._store import Store
+import trio
+
+from claimkit._store import Arg, Store, open_store
+
+T = TypeVar("T")
 
 
 class Ttl(int):
@@ -75,3 +80,20 @@ async def snapshot(store: Store, *, skip_prefix: str | None = None) -> dict[str,
         else:  # pragma: no cover - the protocol writes no other type
             out[name] = kind
     return out
+
+
+def redis(url: str, fn: Callable[[Store], Awaitable[T]], *, timeout: float = 30.0) -> T:
+    """From synchronous test code (CLI tests): run ``fn(store)`` on a store opened on
+    ``url`` in a fresh trio loop, within ``timeout`` seconds."""
+
+    async def main() -> T:
+        with trio.fail_after(timeout):
+            async with open_store(url) as store:
+                return await fn(store)
+
+    return trio.run(main)
+
+
+def do(url: str, *commands: Sequence[Arg]) -> list[Any]:
+    """Run raw commands in one MULTI/EXEC from synchronous test code; their replies."""
+    return redis(url, lambda s: s.pipeline(commands, transaction=True))

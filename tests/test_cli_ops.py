@@ -12,11 +12,12 @@ import io
 import json
 import re
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import pytest
 import trio
+from redis_state import do, redis
 from rich.console import Console
 from typer.testing import CliRunner, Result
 
@@ -47,20 +48,6 @@ def config(url: str, **extra: Any) -> str:
 def invoke(args: Sequence[str], url: str | None = None) -> Result:
     """Run ``claimkit ARGS`` with ``REDIS_URL`` set to ``url`` (unset when ``None``)."""
     return runner.invoke(app, list(args), env={"REDIS_URL": url, "COLUMNS": "200"})
-
-
-def redis(url: str, fn: Callable[[Store], Awaitable[T]]) -> T:
-    async def main() -> T:
-        with trio.fail_after(10):
-            async with open_store(url) as store:
-                return await fn(store)
-
-    return trio.run(main)
-
-
-def do(url: str, *commands: Sequence[Arg]) -> list[Any]:
-    """Run raw commands in one MULTI/EXEC and return their replies."""
-    return redis(url, lambda s: s.pipeline(commands, transaction=True))
 
 
 def one_line_error(result: Result, text: str | None = None) -> str:

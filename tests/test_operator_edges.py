@@ -21,19 +21,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import trio
+from redis_state import do
 from typer.testing import CliRunner, Result
 
 from claimkit._cli import app
 from claimkit._cli_ops import follow_results
 from claimkit._console import format_duration, format_time
 from claimkit._redis_server import RedisServer
-from claimkit._store import Arg, Store, StoreUnavailable, open_store
+from claimkit._store import Arg, Store, StoreUnavailable
 
 T = TypeVar("T")
 runner = CliRunner()
@@ -44,19 +45,6 @@ TOKEN = "ab" * 16
 
 def invoke(args: Sequence[str], url: str) -> Result:
     return runner.invoke(app, list(args), env={"REDIS_URL": url, "COLUMNS": "200"})
-
-
-def redis(url: str, fn: Callable[[Store], Awaitable[T]]) -> T:
-    async def main() -> T:
-        with trio.fail_after(20):
-            async with open_store(url) as store:
-                return await fn(store)
-
-    return trio.run(main)
-
-
-def do(url: str, *commands: Sequence[Arg]) -> list[Any]:
-    return redis(url, lambda s: s.pipeline(commands, transaction=True))
 
 
 def no_traceback(result: Result, code: int = 0) -> None:

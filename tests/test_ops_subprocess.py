@@ -22,17 +22,17 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import trio
+from redis_state import do, redis
 
 from claimkit._models import Envelope, parse_member
 from claimkit._producer import Producer
 from claimkit._protocol import CHUNK, QueueOps, new_token
-from claimkit._store import Arg, Store, open_store
+from claimkit._store import Store
 
 pytestmark = pytest.mark.slow
 
@@ -40,19 +40,6 @@ T = TypeVar("T")
 Q = "jobs"
 CLAIMKIT = Path(sys.executable).with_name("claimkit")
 START_TIMEOUT = 20.0  # seconds for a child process to come up
-
-
-def redis(url: str, fn: Callable[[Store], Awaitable[T]]) -> T:
-    async def main() -> T:
-        with trio.fail_after(30):
-            async with open_store(url) as store:
-                return await fn(store)
-
-    return trio.run(main)
-
-
-def do(url: str, *commands: Sequence[Arg]) -> list[Any]:
-    return redis(url, lambda s: s.pipeline(commands, transaction=True))
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:

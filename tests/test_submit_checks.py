@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import trio
+from redis_state import do, redis
 from typer.testing import CliRunner, Result
 
 from claimkit._cli import app
@@ -31,7 +32,7 @@ from claimkit._models import (
 )
 from claimkit._producer import Producer, SubmitError
 from claimkit._sim import SimConfig, serve_sim
-from claimkit._store import Arg, Store, open_store
+from claimkit._store import Store
 
 T = TypeVar("T")
 Q = "sq"
@@ -40,19 +41,6 @@ runner = CliRunner()
 
 def invoke(args: Sequence[str], url: str, stdin: str | None = None) -> Result:
     return runner.invoke(app, list(args), input=stdin, env={"REDIS_URL": url, "COLUMNS": "200"})
-
-
-def redis(url: str, fn: Callable[[Store], Awaitable[T]]) -> T:
-    async def main() -> T:
-        with trio.fail_after(10):
-            async with open_store(url) as store:
-                return await fn(store)
-
-    return trio.run(main)
-
-
-def do(url: str, *commands: Sequence[Arg]) -> list[Any]:
-    return redis(url, lambda s: s.pipeline(commands, transaction=True))
 
 
 def keys(url: str) -> list[bytes]:
