@@ -35,6 +35,11 @@ local cancel_prefix = ARGV[2]
 local now = server_now()
 local out = { fmt_time(now) }
 
+-- Fail before the first write if a key of the claim has another type: the reads below
+-- would catch KEYS[1..3] in time, but KEYS[4] is only written, after ZREM and HSET, and a
+-- claim without its index entry would never be reclaimed.
+redis.call('ZCARD', KEYS[4])
+
 for i = 3, #ARGV, 5 do
   local member, id, token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local deadline, gen_token = tonumber(ARGV[i + 3]), ARGV[i + 4]
@@ -53,7 +58,9 @@ for i = 3, #ARGV, 5 do
     local expiry = math.min(now + lease_ttl, deadline + 30)
     redis.call('ZADD', KEYS[4], math.max(expiry, now + math.min(lease_ttl, 30)), id)
     code = 1
-    if gen_token ~= '' and redis.call('GET', cancel_prefix .. id) == gen_token then
+    -- A cancel key of another type cannot hold the token: not cancelled. (pcall: the
+    -- claim is already written, and an error now would leave the batch half done.)
+    if gen_token ~= '' and redis.pcall('GET', cancel_prefix .. id) == gen_token then
       code = 2
     end
   end

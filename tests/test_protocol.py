@@ -41,7 +41,7 @@ from claimkit._protocol import (
     token_time,
 )
 from claimkit._scripts import Script
-from claimkit._store import Arg, ScriptCall, Store
+from claimkit._store import Arg, ScriptCall, Store, StoreError
 
 Q = "{tenant-a}:requests"
 K = QueueKeys.for_queue(Q)
@@ -267,6 +267,36 @@ async def test_claim_reports_cancellation(
             K.owners: {b"c:1": token.encode()},
             K.index: [(b"c:1", approx(min(server + 60, now + 90), abs=1e-5))],
         }
+
+
+async def test_claim_with_a_claims_index_of_another_type_writes_nothing(store: Store) -> None:
+    """A claim without its index entry would never be reclaimed: the script must refuse
+    before its first write, not after ZREM and HSET."""
+    with trio.fail_after(10):
+        now = int(await server_now(store))
+        raws = [member("a", now + 60), member("b", now + 61)]
+        await zadd(store, Q, [(now + 60, raws[0]), (now + 61, raws[1])])
+        await store.command("SET", K.index, "oops")
+        before = await snapshot(store)
+        with pytest.raises(StoreError, match="wrong kind of value"):
+            await claim_all(QueueOps(store, Q), raws)
+        assert await snapshot(store) == before
+
+
+async def test_a_cancel_key_of_another_type_is_not_a_cancellation(store: Store) -> None:
+    """It cannot hold the request's token; reading it must not fail a half-done batch."""
+    with trio.fail_after(10):
+        now = int(await server_now(store))
+        gen = "ab" * 16
+        raws = [member("a", now + 60, gen), member("b", now + 61, gen)]
+        await zadd(store, Q, [(now + 60, raws[0]), (now + 61, raws[1])])
+        await store.command("RPUSH", "request-cancel:a", gen)
+        _, codes, tokens = await claim_all(QueueOps(store, Q), raws)
+        assert codes == [ClaimCode.CLAIMED, ClaimCode.CLAIMED]
+        state = await snapshot(store)
+        assert state[K.owners] == {b"a": tokens[0].encode(), b"b": tokens[1].encode()}
+        assert Q not in state and [m for m, _ in state[K.index]] == [b"a", b"b"]
+        assert await store.command("LRANGE", "request-cancel:a", 0, -1) == [gen.encode()]
 
 
 async def test_claim_of_an_expired_deadline_gets_a_floor_lease(store: Store) -> None:
