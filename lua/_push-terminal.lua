@@ -15,8 +15,14 @@
 -- marker key (the SET below would overwrite the list) or at one of the calling script's
 -- KEYS (the queue's own keys: while empty they do not exist, and the LPUSH would turn one
 -- into a list, breaking the queue).
+--
+-- A marker key of another type is no marker (claimkit only ever SETs strings there): the
+-- record is pushed and the SET below replaces it. Failing instead would fail the calling
+-- script after its earlier writes; in the reclaim script it would fail every reclaim pass
+-- of the queue from then on.
 local function push_terminal(marker_key, result_key, record, gen_token, dedup_ttl, fallback_key)
-  local prev = redis.call('GET', marker_key)
+  local prev = redis.pcall('GET', marker_key)
+  if type(prev) == 'table' then prev = false end
   if prev and (prev == '1' or gen_token == '' or prev == gen_token) then
     return 0
   end

@@ -995,6 +995,39 @@ async def test_max_deliveries_0_is_unlimited(store: Store) -> None:
         assert await snapshot(store) == {Q: [(raw, now + 600)], K.deliveries: {b"u": b"1001"}}
 
 
+async def test_a_marker_key_of_another_type_is_no_marker(store: Store) -> None:
+    """``result-terminal:<id>`` holding a hash (claimkit only SETs strings there): the ack
+    pushes and replaces it, and a reclaim pass that dead-letters such a request goes on to
+    redeliver the rest, instead of failing every pass of the queue from then on."""
+    with trio.fail_after(10):
+        ops = QueueOps(store, Q, dedup_ttl=DEDUP)
+        now = int(await server_now(store))
+        acked, poison, other = (member(r, now + 600, TOKEN_A) for r in ("k1", "k2", "k3"))
+        await zadd(store, Q, [(now + 600, acked), (now + 601, poison), (now + 602, other)])
+        for rid in ("k1", "k2"):
+            await store.command("HSET", f"result-terminal:{rid}", "f", "v")
+        _, _, (t1, _, _) = await claim_all(ops, [acked, poison, other])
+
+        record = ok_record("k1")
+        assert await ops.ack([ack_item("k1", t1, acked, record, TOKEN_A)]) == [(True, True)]
+
+        await store.command("HSET", K.deliveries, "k2", 2)  # its third lapse is its last
+        await expire(store, "k2", "k3")
+        counts = await ops.reclaim(max_deliveries=3)
+        assert (counts.redelivered, counts.dead) == (1, 1)
+        state = await snapshot(store)
+        dead_record = state[RESULTS][0]
+        assert state == {
+            Q: [(other, now + 602)],
+            K.deliveries: {b"k3": b"1"},
+            K.dead: [(poison, state[K.dead][0][1])],
+            RESULTS: [dead_record, record],
+            "result-terminal:k1": (TOKEN_A.encode(), DEDUP),
+            "result-terminal:k2": (TOKEN_A.encode(), DEDUP),
+        }
+        assert json.loads(dead_record)["error_code"] == "MAX_DELIVERIES_EXCEEDED"
+
+
 async def test_reclaim_removes_ghost_index_entries(store: Store) -> None:
     with trio.fail_after(10):
         ops = QueueOps(store, Q)

@@ -29,7 +29,7 @@ from claimkit._inspect import WrongKeyType
 from claimkit._models import Envelope, TerminalRecord
 from claimkit._producer import Producer
 from claimkit._serve import _preflight
-from claimkit._store import Store
+from claimkit._store import Store, StoreError, open_store
 
 CLAIMKIT = str(Path(sys.executable).with_name("claimkit"))
 Q = "wq"
@@ -320,31 +320,67 @@ def test_serve_process_exits_1_when_a_key_turns_wrong_while_running(
 # -- left_to_lapse -------------------------------------------------------------------------
 
 
-async def test_a_refused_ack_counts_in_left_to_lapse(store: Store, redis_url: str) -> None:
-    """Redis refuses one request's ack (its dedup marker holds a hash): the claim is given
-    up to lapse, and the summary says so, as the log did."""
+async def test_a_refused_ack_counts_in_left_to_lapse(redis_factory: Any) -> None:
+    """Redis refuses the ack (out of memory, a real fault on a private server): the claim is
+    given up to lapse, and the summary says so, as the log did."""
+    server = await trio.to_thread.run_sync(redis_factory)
     done = trio.Event()
 
-    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
-        done.set()
-        return Done(TerminalRecord.http(env.id, 200, "{}"))
+    async with open_store(server.url) as store:
 
-    await store.command("HSET", "result-terminal:a", "f", "v")
-    await Producer(store, Q).submit({"id": "a", "deadline": deadline()})
-    consumer = Consumer(make_config(redis_url, claim_lease_ttl_seconds=30), store, handler=handler)
-    with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(consumer.run)
-            await done.wait()
-            while consumer.held_count():
-                await trio.sleep(0.02)
-            consumer.request_stop()
-    s = consumer.summary
-    assert (s.claimed, s.acked, s.released, s.left_to_lapse) == (1, 0, 0, 1)
-    # The claim is still in Redis under its lease, for a reclaimer to redeliver.
-    state = await redis_state(store)
-    assert (state["pending"], state["claimed"], state["owners"], state["index"]) == ([], 2, 1, 1)
-    assert await store.command("LLEN", "result-list") == 0
+        async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+            await store.command("CONFIG", "SET", "maxmemory", "1")  # every write refused
+            done.set()
+            return Done(TerminalRecord.http(env.id, 200, "{}"))
+
+        await Producer(store, Q).submit({"id": "a", "deadline": deadline()})
+        config = make_config(server.url, claim_lease_ttl_seconds=30)
+        consumer = Consumer(config, store, handler=handler)
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+                await done.wait()
+                while consumer.held_count():
+                    await trio.sleep(0.02)
+                await store.command("CONFIG", "SET", "maxmemory", "0")
+                consumer.request_stop()
+        s = consumer.summary
+        assert (s.claimed, s.acked, s.released, s.left_to_lapse) == (1, 0, 0, 1)
+        # The claim is still in Redis under its lease, for a reclaimer to redeliver.
+        state = await redis_state(store)
+        assert (state["pending"], state["claimed"], state["owners"], state["index"]) == (
+            [],
+            2,
+            1,
+            1,
+        )
+        assert await store.command("LLEN", "result-list") == 0
+
+
+class RefusingStore:
+    """The real store, except that Redis "refuses" (StoreError, before sending anything)
+    every ack script call that includes the request id ``refused``: a per-request refusal,
+    which real Redis no longer produces for any key claimkit writes."""
+
+    def __init__(self, inner: Store, refused: str) -> None:
+        self.inner, self.url, self.refused = inner, inner.url, refused
+        self.ack_batches: list[int] = []
+
+    async def command(self, *args: Any) -> Any:
+        return await self.inner.command(*args)
+
+    async def pipeline(self, commands: Any, *, transaction: bool) -> list[Any]:
+        return await self.inner.pipeline(commands, transaction=transaction)
+
+    async def run(self, script: Any, keys: Any, args: Any) -> Any:
+        if script.name == "ack":
+            self.ack_batches.append((len(args) - 2) // 7)
+            if self.refused in args:
+                raise StoreError(f"refused the ack of {self.refused}")
+        return await self.inner.run(script, keys, args)
+
+    async def run_many(self, script: Any, calls: Any) -> list[Any]:
+        return await self.inner.run_many(script, calls)
 
 
 async def test_one_refused_ack_does_not_take_its_batch_with_it(
@@ -362,11 +398,12 @@ async def test_one_refused_ack_does_not_take_its_batch_with_it(
         await both.wait()
         return Done(TerminalRecord.http(env.id, 200, "{}"))
 
-    await store.command("HSET", "result-terminal:bad", "f", "v")
     producer = Producer(store, Q)
     await producer.submit({"id": "bad", "deadline": deadline()})
     await producer.submit({"id": "good", "deadline": deadline() + 1})
-    consumer = Consumer(make_config(redis_url, claim_lease_ttl_seconds=30), store, handler=handler)
+    refusing = RefusingStore(store, "bad")
+    config = make_config(redis_url, claim_lease_ttl_seconds=30)
+    consumer = Consumer(config, refusing, handler=handler)  # type: ignore[arg-type]
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             await nursery.start(consumer.run)
@@ -375,6 +412,7 @@ async def test_one_refused_ack_does_not_take_its_batch_with_it(
                 await trio.sleep(0.02)
             consumer.request_stop()
     assert consumer.summary.left_to_lapse == 1
+    assert refusing.ack_batches == [2, 1, 1]  # the batch, then each request alone
     records = [json.loads(r) for r in await store.command("LRANGE", "result-list", 0, -1)]
     assert [r["id"] for r in records] == ["good"]
     assert await store.command("HKEYS", f"{Q}:claim-owners") == [b"bad"]
