@@ -11,7 +11,6 @@ stderr and exit status 1 (:func:`claimkit._cli_common.run`); passwords are never
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import trio
 import typer
 
+from . import _keys
 from ._cli_common import RedisUrl, TransportConfig, TransportConfigFile, config_from, fail, run
 from ._config import Config, ConfigError, QueueConfig
 from ._store import StoreUnavailable, open_store
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ._inspect import QueueSnapshot
     from ._store import Store
 
-__all__ = ["follow_results", "holding_list", "register", "watch_queue"]
+__all__ = ["follow_results", "register", "watch_queue"]
 
 T = TypeVar("T")
 
@@ -296,9 +296,10 @@ def drain(
     Each claim is released fenced by the owner token and lease expiry read just before, in
     batches: a claim acked, reclaimed or renewed meanwhile is left alone and counted. Safe
     while consumers run (their heartbeat drops the released work) and safe to run twice.
-    Shows a progress bar on a terminal and ends with one count line. --dry-run reads
-    every claim once (one read-only script call) and shows the table and the count from
-    that same read, so they agree.
+    Shows a progress bar on a terminal and ends with one count line. --dry-run shows the
+    first --limit claims (earliest lease expiry first) and counts every claim in batches
+    of --batch-size, as a real drain would read them; the table states no total of its
+    own, so the two cannot disagree while consumers claim and ack.
 
     Example:
 
@@ -316,16 +317,16 @@ def drain(
         async with open_store(config.url) as store:
             await check_key_types(store, target.key_types())
             if dry_run:
-                # One read for both the table and the count line: two reads could disagree
-                # while consumers claim and ack. limit=0 reads every claim row.
+                # The table: one bounded read. The count: batched reads like a real drain's,
+                # never one script call over every claim (SPEC §3: a few ms per script).
                 snap = await snapshot(
                     store,
                     queue,
                     result_lists=target.result_lists,
                     retry_set=config.retry_queue_name,
-                    limit=0,
+                    limit=limit,
                 )
-                return _dry_run_report(snap), snap
+                return await drain_claims(store, queue, dry_run=True, batch_size=batch_size), snap
             with progress_bar(f"releasing {queue} claims") as (set_total, advance):
                 report = await drain_claims(
                     store, queue, batch_size=batch_size, progress=advance, on_start=set_total
@@ -334,9 +335,11 @@ def drain(
 
     report, snap = _run(go, url=config.url)
     if snap is not None and snap.claims:
-        rows = snap.claims if limit == 0 else snap.claims[:limit]
-        title = f"claims that would go back to pending ({len(rows)} of {snap.claimed})"
-        _console().print(claims_table(rows, now=snap.server_time, title=title))
+        title = (
+            f"claims that would go back to pending: the first {len(snap.claims)}, "
+            "earliest lease expiry first (the count below is the total)"
+        )
+        _console().print(claims_table(snap.claims, now=snap.server_time, title=title))
     typer.echo(report.line(queue, dry_run=dry_run))
     if report.renewed or report.other_owner:
         typer.echo(
@@ -344,16 +347,6 @@ def drain(
             "run it again to release them",
             err=True,
         )
-
-
-def _dry_run_report(snap: QueueSnapshot) -> DrainReport:
-    """What ``drain`` would do to the claims of ``snap`` (a snapshot of every claim row),
-    counted as :func:`claimkit._drain.drain_claims` counts them: a row without an owner
-    token is a ghost and is skipped; every other one would be released."""
-    from ._drain import DrainReport
-
-    ghosts = sum(1 for row in snap.claims if row.owner is None)
-    return DrainReport(seen=snap.claimed, released=snap.claimed - ghosts, ghosts=ghosts)
 
 
 # -- reclaim ---------------------------------------------------------------------------------
@@ -642,13 +635,6 @@ def _record_line(raw: bytes, *, as_json: bool) -> str:
     return f"{rec.id}  {status}  {body}"
 
 
-def holding_list(name: str) -> str:
-    """A fresh name for the one-record holding list of a ``results --follow`` reader of
-    ``name``: ``<name>:following:<16 hex>``. A suffix of ``name``, so a hash tag in it
-    keeps both in one slot."""
-    return f"{name}:following:{secrets.token_hex(8)}"
-
-
 async def follow_results(
     store: Store,
     name: str,
@@ -664,13 +650,15 @@ async def follow_results(
     """Pop records from the list ``name`` oldest first and ``emit`` each, until ``count``
     records (``None``: until cancelled). Returns how many were emitted.
 
-    Nothing popped is ever lost. A record is not popped with ``BRPOP``, whose reply dies
+    A popped record survives a lost reply. A record is not popped with ``BRPOP``, whose reply dies
     with a broken connection after Redis already removed the record: it is moved with
     ``BLMOVE name holding RIGHT LEFT`` into a holding list of this reader's own
-    (:func:`holding_list`), emitted, and only then deleted from there. A reply lost on the
-    way leaves the record in the holding list, and it is emitted from there once Redis
-    answers again. The holding list has at most one record. At worst a record is emitted
-    twice (Ctrl-C between emitting it and noting that), never not at all.
+    (:func:`claimkit._keys.results_holding_list`), emitted, and only then deleted from
+    there. A reply lost on the way leaves the record in the holding list, and it is
+    emitted from there once Redis answers again. The holding list has at most one record.
+    At worst a record is emitted twice (Ctrl-C between emitting it and noting that), never
+    not at all, unless the reader itself is killed with a record in its holding list
+    (docs/operations.md says how to move it back).
 
     While Redis is unreachable (:class:`StoreUnavailable`: down, restarting, loading) this
     says so once through ``notify`` (one line), retries with a backoff from
@@ -682,7 +670,7 @@ async def follow_results(
     was already emitted (shielded, at most 5 s). If Redis cannot be reached for that, one
     ``notify`` line names the holding list and how to move its record back.
     """
-    holding = holding or holding_list(name)
+    holding = holding or _keys.results_holding_list(name)
     seen = 0
     emitted_held = False  # the record in the holding list was emitted: delete it, no more
     maybe_held = False  # a reply may have been lost: look in the holding list first
@@ -775,7 +763,12 @@ def results(
         ),
     ] = None,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep waiting for records (BRPOP) until Ctrl-C.")
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Keep waiting for records until Ctrl-C; rides out a Redis restart.",
+        ),
     ] = False,
     peek: Annotated[
         bool, typer.Option("--peek", help="Read without removing (not with --follow).")

@@ -224,6 +224,13 @@ async def check_keys(store: Store, roles: dict[str, KeyRole]) -> None:
             )
 
 
+def _is_wrongtype(exc: StoreError) -> bool:
+    """Redis refused a command for a key of another type. coredis drops the ``WRONGTYPE``
+    code from its message; redis-py keeps it."""
+    text = str(exc)
+    return "WRONGTYPE" in text or "wrong kind of value" in text
+
+
 def _retrying(what: str) -> AsyncRetrying:
     """Retry a Redis call while Redis is unavailable, with capped jittered backoff."""
 
@@ -498,7 +505,7 @@ class Consumer:
                 self._redis_failed(f"poll {q.name}", exc)
                 busy_head = True
             except StoreError as exc:
-                if not await self._wrong_key_type():
+                if not await self._wrong_key_type(exc):
                     self._redis_failed(f"poll {q.name}", exc)
                 busy_head = True
             finally:
@@ -513,19 +520,25 @@ class Consumer:
             log.warning("%s: %s; retrying with backoff", where, exc)
         self._redis_ok = False
 
-    async def _wrong_key_type(self) -> bool:
-        """After Redis refused a call: whether a key the consumer uses (:func:`key_roles`)
-        now holds another type. Retrying cannot mend that (each lease would run the same
-        requests again and fail the same way), so the consumer stops as if asked to and
-        :meth:`run` raises the one-line :class:`WrongKeyType`. ``False`` when every key is
-        right (the refusal was about something else) or the check itself failed."""
+    async def _wrong_key_type(self, exc: Exception) -> bool:
+        """After Redis refused a call with ``exc``: whether a key the consumer uses
+        (:func:`key_roles`) now holds another type. Retrying cannot mend that (each lease
+        would run the same requests again and fail the same way), so the consumer stops as
+        if asked to and :meth:`run` raises the one-line :class:`WrongKeyType`.
+
+        Only a WRONGTYPE refusal is looked into (one pipeline of ``TYPE`` calls): out of
+        memory, READONLY or a lost connection say nothing about key types, and checking on
+        each of them would load a Redis already in trouble. ``False`` when ``exc`` is not a
+        WRONGTYPE refusal, every key is right, or the check itself failed."""
         if self._fatal is not None:
             return True
+        if not isinstance(exc, StoreError) or not _is_wrongtype(exc):
+            return False
         try:
             await check_keys(self.store, self._key_roles)
-        except WrongKeyType as exc:
-            self._fatal = exc
-            log.error("claimkit: %s; stopping", exc)
+        except WrongKeyType as wrong:
+            self._fatal = wrong
+            log.error("claimkit: %s; stopping", wrong)
             self.request_stop()
             return True
         except (StoreUnavailable, StoreError):
@@ -753,20 +766,19 @@ class Consumer:
 
         - a key of the wrong type (:meth:`_wrong_key_type`): the consumer stops, and the
           claims stay held for the shutdown sweep to return;
-        - otherwise each job is tried alone, so one request Redis refuses (a per-request key
-          of another type, say) does not take its batch with it: a script is not rolled
-          back, and the batch's other requests must still be acked, not run again. A job
-          refused alone is given up: its claim leaves the registry (or the heartbeat would
-          renew it for ever with no task behind it) and lapses, and any instance's
-          reclaimer redelivers it. It counts in ``left_to_lapse``.
+        - otherwise (out of memory, say: a refusal of the whole call, which retrying each
+          job alone would only repeat) the jobs are given up: their claims leave the
+          registry (or the heartbeat would renew them for ever with no task behind them)
+          and lapse, and any instance's reclaimer redelivers them. They count in
+          ``left_to_lapse``. Jobs a failed call had already acked are no longer claimed
+          by anyone, so nothing of theirs lapses and their records stand.
         """
         settle = self._park if is_park else self._ack
         verb = "park" if is_park else "ack"
         try:
             await settle(q, jobs)
-            return
         except StoreError as exc:
-            if await self._wrong_key_type():
+            if await self._wrong_key_type(exc):
                 log.error(
                     "%s %s: %s; %d claims are kept for the shutdown sweep",
                     verb,
@@ -774,17 +786,8 @@ class Consumer:
                     exc,
                     len(jobs),
                 )
-                return
-            if len(jobs) == 1:
+            else:
                 self._give_up(q, jobs, f"{verb} {q.name}: {exc}")
-                return
-        for job in jobs:
-            try:
-                await settle(q, [job])
-            except StoreError as exc:
-                if await self._wrong_key_type():
-                    return
-                self._give_up(q, [job], f"{verb} {q.name} ({job.held.env.id}): {exc}")
 
     def _give_up(self, q: QueueRuntime, jobs: list[_Job], why: str) -> None:
         """Drop claims Redis refused to settle from the registry, counted in
@@ -868,7 +871,7 @@ class Consumer:
                 try:
                     await self._renew(q)
                 except (StoreUnavailable, StoreError) as exc:
-                    if isinstance(exc, StoreError) and await self._wrong_key_type():
+                    if await self._wrong_key_type(exc):
                         continue
                     self._redis_failed(
                         f"heartbeat {q.name} (claims are renewed once it answers)", exc
@@ -907,7 +910,7 @@ class Consumer:
                 try:
                     counts = await q.ops.reclaim(self.config.max_deliveries)
                 except (StoreUnavailable, StoreError) as exc:
-                    if isinstance(exc, StoreError) and await self._wrong_key_type():
+                    if await self._wrong_key_type(exc):
                         continue
                     log.warning("reclaim %s: %s; retrying next interval", q.name, exc)
                     continue
@@ -937,7 +940,7 @@ class Consumer:
                         self.config.retry_queue_name,
                     )
             except (StoreUnavailable, StoreError) as exc:
-                if not (isinstance(exc, StoreError) and await self._wrong_key_type()):
+                if not await self._wrong_key_type(exc):
                     self._redis_failed("retry mover", exc)
             await trio.sleep(interval)
 

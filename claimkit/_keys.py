@@ -6,6 +6,7 @@ per-queue keys below are suffixes of it, so they hash to the same slot.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -64,6 +65,13 @@ def request_cancel(request_id: str) -> str:
 def claimed_score_field(request_id: str) -> str:
     """The ``<q>:claimed`` field holding a claim's original pending score."""
     return request_id + ":score"
+
+
+def results_holding_list(result_list: str) -> str:
+    """A fresh name for the one-record holding list of a ``claimkit results --follow``
+    reader of ``result_list``: ``<list>:following:<16 hex>`` (claimkit addition). A suffix
+    of the list's name, so a hash tag in it keeps both in one slot."""
+    return f"{result_list}:following:{secrets.token_hex(8)}"
 
 
 def retry_dead(retry_set: str) -> str:

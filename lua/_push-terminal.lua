@@ -21,8 +21,10 @@
 -- script after its earlier writes; in the reclaim script it would fail every reclaim pass
 -- of the queue from then on.
 local function push_terminal(marker_key, result_key, record, gen_token, dedup_ttl, fallback_key)
-  local prev = redis.pcall('GET', marker_key)
-  if type(prev) == 'table' then prev = false end
+  local prev = false
+  if redis.call('TYPE', marker_key)['ok'] == 'string' then
+    prev = redis.call('GET', marker_key)
+  end
   if prev and (prev == '1' or gen_token == '' or prev == gen_token) then
     return 0
   end

@@ -58,9 +58,11 @@ for i = 3, #ARGV, 5 do
     local expiry = math.min(now + lease_ttl, deadline + 30)
     redis.call('ZADD', KEYS[4], math.max(expiry, now + math.min(lease_ttl, 30)), id)
     code = 1
-    -- A cancel key of another type cannot hold the token: not cancelled. (pcall: the
-    -- claim is already written, and an error now would leave the batch half done.)
-    if gen_token ~= '' and redis.pcall('GET', cancel_prefix .. id) == gen_token then
+    -- A cancel key of another type cannot hold the token: not cancelled. (Reading it
+    -- would fail the script with this batch half written.)
+    local cancel_key = cancel_prefix .. id
+    if gen_token ~= '' and redis.call('TYPE', cancel_key)['ok'] == 'string'
+        and redis.call('GET', cancel_key) == gen_token then
       code = 2
     end
   end

@@ -57,8 +57,8 @@ for _, id in ipairs(expired) do
         end
       end
       if result_key == '' then result_key = ARGV[4] end
-      local message = 'lease expired ' .. n .. (n == 1 and ' time' or ' times')
-        .. ' without an ack; max_deliveries reached'
+      -- SPEC §2.3's wording; n counts lease expiries (<q>:deliveries, §1).
+      local message = 'request was redelivered ' .. n .. ' times after its owner died'
       local record = '{"id":' .. cjson.encode(id)
         .. ',"payload":' .. cjson.encode(cjson.encode({ error = message }))
         .. ',"error_code":"MAX_DELIVERIES_EXCEEDED","error_message":' .. cjson.encode(message) .. '}'

@@ -212,10 +212,7 @@ class Model:
             if max_deliveries > 0 and n >= max_deliveries:
                 self.dead.add(claim.member)
                 del self.deliveries[rid]
-                message = (
-                    f"lease expired {n} time{'' if n == 1 else 's'} without an ack; "
-                    "max_deliveries reached"
-                )
+                message = f"request was redelivered {n} times after its owner died"
                 gen = envelope(claim.member).request_token
                 self.push(rid, gen, {
                     "id": rid,

@@ -298,7 +298,7 @@ SPEC_ERRORS = [
     (ErrorCode.INVALID_REQUEST, DEADLINE_INVALID_MESSAGE),
     (
         ErrorCode.MAX_DELIVERIES_EXCEEDED,
-        "lease expired 10 times without an ack; max_deliveries reached",
+        "request was redelivered 10 times after its owner died",
     ),
 ]
 

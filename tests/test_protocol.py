@@ -922,7 +922,7 @@ async def test_reclaim_dead_letters_at_max_deliveries(store: Store) -> None:
             RESULTS: [state[RESULTS][0]],
             f"result-terminal:{rid}": (TOKEN_A.encode(), DEDUP),
         }
-        message = "lease expired 3 times without an ack; max_deliveries reached"
+        message = "request was redelivered 3 times after its owner died"
         (record,) = parse_records(state[RESULTS])
         assert list(record) == ERROR_ORDER
         assert record == {
@@ -959,7 +959,7 @@ async def test_max_deliveries_record_destination(
         counts = await ops.reclaim(max_deliveries=1)
         assert counts.dead == 1
         state = await snapshot(store)
-        message = "lease expired 1 time without an ack; max_deliveries reached"
+        message = "request was redelivered 1 times after its owner died"  # SPEC §2.3
         assert parse_records(state.pop(expected)) == [
             error_record("d", ErrorCode.MAX_DELIVERIES_EXCEEDED, message)
         ]
