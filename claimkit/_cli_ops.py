@@ -77,10 +77,11 @@ class _Target:
     def key_types(self) -> dict[str, str]:
         from ._inspect import queue_key_types
 
-        types = queue_key_types(self.queue)
-        types[self.config.retry_queue_name] = "zset"
-        for name in self.result_lists:
-            types[name] = "list"
+        # The queue's own keys win a name clash: `inspect -q result-list` must say that the
+        # key is a list, not a sorted set, rather than check it as the result list.
+        types = {self.config.retry_queue_name: "zset"}
+        types.update({name: "list" for name in self.result_lists})
+        types.update(queue_key_types(self.queue))
         return types
 
 
@@ -554,7 +555,7 @@ def dead_requeue(
             "them again; see each reason)"
         )
     if report.not_found:
-        problems.append("no dead letter for " + ", ".join(report.not_found))
+        problems.append("no dead letter for " + ", ".join(map(repr, report.not_found)))
     if problems:
         fail("; ".join(problems))
 
@@ -608,7 +609,7 @@ def dead_purge(
             f"claimkit dead purge {queue}: purged={report.purged} not_found={len(report.not_found)}"
         )
     if report.not_found:
-        fail("no dead letter for " + ", ".join(report.not_found))
+        fail("no dead letter for " + ", ".join(map(repr, report.not_found)))
 
 
 # -- results and cancel ----------------------------------------------------------------------

@@ -250,7 +250,7 @@ class Producer:
             if kind not in ("string", "none"):
                 raise SubmitError(
                     f"key {name!r} holds {_keys.type_name(kind)}, not a string: "
-                    "nothing was cancelled"
+                    f"{request_id!r} was not cancelled"
                 )
         token, finished = await self.store.pipeline(
             [["GET", active], ["GET", terminal]], transaction=True

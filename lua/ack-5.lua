@@ -32,6 +32,9 @@
 ]]
 -- @include _push-terminal
 -- @include _drop-claim
+-- @include _guard-keys
+
+guard_keys('zset', 'hash', 'hash', 'zset', 'hash')
 
 local dedup_ttl, fallback = tonumber(ARGV[1]), ARGV[2]
 local out = {}

@@ -29,16 +29,14 @@
     consumer (or no longer pending), 3 busy (the id has a live claim; left pending).
 ]]
 -- @include _server-now
+-- @include _guard-keys
+
+guard_keys('zset', 'hash', 'hash', 'zset')
 
 local lease_ttl = tonumber(ARGV[1])
 local cancel_prefix = ARGV[2]
 local now = server_now()
 local out = { fmt_time(now) }
-
--- Fail before the first write if a key of the claim has another type: the reads below
--- would catch KEYS[1..3] in time, but KEYS[4] is only written, after ZREM and HSET, and a
--- claim without its index entry would never be reclaimed.
-redis.call('ZCARD', KEYS[4])
 
 for i = 3, #ARGV, 5 do
   local member, id, token = ARGV[i], ARGV[i + 1], ARGV[i + 2]

@@ -19,6 +19,9 @@
 ]]
 -- @include _server-now
 -- @include _push-terminal
+-- @include _guard-keys
+
+guard_keys('zset', 'zset')
 
 local dedup_ttl, fallback = tonumber(ARGV[1]), ARGV[2]
 local now = server_now()

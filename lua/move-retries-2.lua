@@ -14,6 +14,9 @@
   Output: { moved, dead, more } where more is 1 when the limit was reached (call again).
 ]]
 -- @include _server-now
+-- @include _guard-keys
+
+guard_keys('zset', 'zset')
 
 local limit = tonumber(ARGV[1])
 local now = server_now()

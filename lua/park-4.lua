@@ -18,6 +18,9 @@
 ]]
 -- @include _server-now
 -- @include _drop-claim
+-- @include _guard-keys
+
+guard_keys('hash', 'hash', 'zset', 'zset')
 
 local now = server_now()
 local out = { fmt_time(now) }

@@ -28,6 +28,9 @@
 -- @include _server-now
 -- @include _push-terminal
 -- @include _drop-claim
+-- @include _guard-keys
+
+guard_keys('zset', 'hash', 'hash', 'zset', 'hash', 'zset')
 
 local limit, max_deliveries = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = server_now()

@@ -17,6 +17,9 @@
     -2 renewed since it was read.
 ]]
 -- @include _drop-claim
+-- @include _guard-keys
+
+guard_keys('zset', 'hash', 'hash', 'zset')
 
 local out = {}
 

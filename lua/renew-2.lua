@@ -19,6 +19,9 @@
     reclaimed), -1 taken by another token.
 ]]
 -- @include _server-now
+-- @include _guard-keys
+
+guard_keys('hash', 'zset')
 
 local lease_ttl = tonumber(ARGV[1])
 local now = server_now()

@@ -21,6 +21,9 @@
   Output: { code_1, ..., code_n } where code is 1 requeued, 0 not in the dead set (any
     more), -1 left dead (no readable data.deadline).
 ]]
+-- @include _guard-keys
+
+guard_keys('zset', 'zset', 'hash')
 
 local prefix, keep_marker = ARGV[1], ARGV[2] == '1'
 local out = {}

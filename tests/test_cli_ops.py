@@ -343,6 +343,21 @@ def test_a_pending_key_of_the_wrong_type_is_one_line(redis_url: str, command: li
     )
 
 
+@pytest.mark.parametrize("command", QUEUE_COMMANDS, ids=" ".join)
+def test_a_queue_named_like_the_result_list_is_checked_as_a_queue(
+    redis_url: str, command: list[str]
+) -> None:
+    """`-q result-list` by mistake: the name is both the queue and (by default) the result
+    list; it is checked as the queue, so the operator learns it holds a list."""
+    do(redis_url, ("RPUSH", "result-list", "{}"))
+    args = [*command]
+    args[args.index(Q)] = "result-list"
+    one_line_error(
+        invoke(args, redis_url),
+        "key 'result-list' holds a list, not a sorted set: is the queue or list name right?",
+    )
+
+
 @coredis_leaks_on_failed_connect
 @pytest.mark.parametrize("command", ALL_COMMANDS, ids=" ".join)
 def test_unreachable_redis_is_one_line_without_the_password(command: list[str]) -> None:
@@ -557,7 +572,7 @@ def test_dead_requeue_by_id_and_all(redis_url: str) -> None:
     missing = invoke(["dead", "requeue", "-q", Q, "b", "zz"], redis_url)
     assert missing.exit_code == 1
     assert missing.stdout == f"claimkit dead requeue {Q}: requeued=1 refused=0 not_found=1\n"
-    assert missing.stderr == "claimkit: no dead letter for zz\n"
+    assert missing.stderr == "claimkit: no dead letter for 'zz'\n"
 
     everything = invoke(["dead", "requeue", "-q", Q, "--all", "--json"], redis_url)
     assert everything.exit_code == 1  # junk was refused

@@ -233,12 +233,16 @@ def test_unknown_queue_lookup() -> None:
         ("redis://:s3cret pw@127.0.0.1:1/0", "redis://:***@127.0.0.1:1/0"),
         ("redis://h:1/0?password=s3 cret&db=1", "redis://h:1/0?password=***&db=1"),
         ("redis://u:a b@c@h/0?pwd=x y", "redis://u:***@h/0?pwd=***"),
-        # In a message: up to the last '@' before a quote or the line's end.
-        (
-            "Redis at redis://:x y@h:1/0 is unavailable",
-            "Redis at redis://:***@h:1/0 is unavailable",
-        ),
+        # In a message: a quoted URL as a whole; unquoted, up to an '@' before a space or '/'.
         ("got 'redis://:a b@h' and 'redis://c:d@e'", "got 'redis://:***@h' and 'redis://c:***@e'"),
+        ('bad "redis://u:p@ss w@h/0?password=x y"', 'bad "redis://u:***@h/0?password=***"'),
+        ("Redis at redis://:p@ss@h:1/0 is down", "Redis at redis://:***@h:1/0 is down"),
+        # A URL without a password keeps its port and the message its text (a Lua error
+        # names "@user_script").
+        (
+            "Redis at redis://127.0.0.1:6421/0 answered: WRONGTYPE script: ab, on @user_script:39.",
+            "Redis at redis://127.0.0.1:6421/0 answered: WRONGTYPE script: ab, on @user_script:39.",
+        ),
         (
             "got 'rediss://a:b@h' and 'redis://c:d@e'",
             "got 'rediss://a:***@h' and 'redis://c:***@e'",

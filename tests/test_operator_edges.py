@@ -237,7 +237,7 @@ def test_purge_reports_named_ids_it_did_not_find(redis_url: str) -> None:
     result = invoke(["dead", "purge", "-q", "badq", "strdl", "nosuch"], redis_url)
     no_traceback(result, 1)
     assert result.stdout == "claimkit dead purge badq: purged=1 not_found=1\n"
-    assert result.stderr == "claimkit: no dead letter for nosuch\n"
+    assert result.stderr == "claimkit: no dead letter for 'nosuch'\n"
     assert do(redis_url, ("EXISTS", "badq:dead"))[0] == 0
 
     do(redis_url, ("ZADD", "badq:dead", 1, envelope("a", "1900000000")))

@@ -1028,6 +1028,28 @@ async def test_a_marker_key_of_another_type_is_no_marker(store: Store) -> None:
         assert json.loads(dead_record)["error_code"] == "MAX_DELIVERIES_EXCEEDED"
 
 
+@pytest.mark.parametrize("wrong", ["pending", "deliveries", "dead"])
+async def test_reclaim_with_a_key_of_another_type_drops_no_claim(store: Store, wrong: str) -> None:
+    """An expired claim whose way back (pending, the deliveries count, the dead set) is a
+    key of another type: the reclaim script fails before its first write, so the claim
+    stays whole for a later run, instead of being dropped with the request put nowhere."""
+    with trio.fail_after(10):
+        ops = QueueOps(store, Q, dedup_ttl=DEDUP)
+        now = int(await server_now(store))
+        raw = member("l1", now + 600, TOKEN_A)
+        await zadd(store, Q, [(now + 600, raw)])
+        await claim_all(ops, [raw])
+        await expire(store, "l1")
+        await store.command("HSET", K.deliveries, "l1", 9)  # its last lapse: dead-lettered
+        key = {"pending": Q, "deliveries": K.deliveries, "dead": K.dead}[wrong]
+        await store.command("DEL", key)
+        await store.command("SET", key, "oops")
+        before = await snapshot(store)
+        with pytest.raises(StoreError, match="wrong kind of value"):
+            await ops.reclaim(max_deliveries=10 if wrong == "dead" else 0)
+        assert await snapshot(store) == before
+
+
 async def test_reclaim_removes_ghost_index_entries(store: Store) -> None:
     with trio.fail_after(10):
         ops = QueueOps(store, Q)

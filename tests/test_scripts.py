@@ -28,7 +28,7 @@ from claimkit import _scripts
 from claimkit._models import Envelope, Invalid, TerminalRecord, parse_member
 from claimkit._protocol import AckItem, QueueOps, move_retries
 from claimkit._scripts import Script, ScriptError, all_scripts, script
-from claimkit._store import Arg, ScriptCall, Store
+from claimkit._store import Arg, ScriptCall, Store, StoreError
 
 SOURCE_LUA = Path(__file__).resolve().parent.parent / "lua"
 """The source tree's ``lua/`` (tests run from a checkout)."""
@@ -192,16 +192,87 @@ def test_the_active_lua_dir_matches_the_source_tree() -> None:
 
 def test_includes_are_resolved() -> None:
     includes = {p.stem: p.read_text(encoding="utf-8") for p in _scripts._lua_dir().glob("_*.lua")}
-    assert set(includes) == {"_drop-claim", "_push-terminal", "_server-now"}
+    assert set(includes) == {"_drop-claim", "_guard-keys", "_push-terminal", "_server-now"}
     for s in all_scripts().values():
         assert "@include" not in s.source, s.name
         raw = (_scripts._lua_dir() / f"{s.name}-{s.numkeys}.lua").read_text(encoding="utf-8")
         for name in re.findall(r"^-- @include (_[a-z-]+)\s*$", raw, re.MULTILINE):
             assert includes[name].strip() in s.source, f"{s.name} lacks {name}"
         # Every helper a script calls is defined in its resolved source.
-        for helper in ("server_now", "fmt_time", "push_terminal", "drop_claim"):
+        for helper in ("server_now", "fmt_time", "push_terminal", "drop_claim", "guard_keys"):
             if re.search(rf"\b{helper}\(", s.source):
                 assert f"local function {helper}(" in s.source, f"{s.name}: {helper}"
+
+
+WRITING_SCRIPTS = {
+    # script: the types its KEYS must have, in order (their headers say the same)
+    "ack": ["zset", "hash", "hash", "zset", "hash"],
+    "claim": ["zset", "hash", "hash", "zset"],
+    "dead-letter": ["zset", "zset"],
+    "move-retries": ["zset", "zset"],
+    "park": ["hash", "hash", "zset", "zset"],
+    "reclaim": ["zset", "hash", "hash", "zset", "hash", "zset"],
+    "release": ["zset", "hash", "hash", "zset"],
+    "renew": ["hash", "zset"],
+    "requeue-dead": ["zset", "zset", "hash"],
+}
+
+
+def test_every_writing_script_guards_its_keys_before_writing() -> None:
+    """A script keeps the writes made before it fails; each one that writes checks every
+    KEYS type first, in the order its header gives."""
+    scripts = all_scripts()
+    assert set(WRITING_SCRIPTS) == set(scripts) - {"inspect"}
+    for name, kinds in WRITING_SCRIPTS.items():
+        source = scripts[name].source
+        call = "guard_keys(" + ", ".join(f"'{k}'" for k in kinds) + ")"
+        assert call in source, name
+        # The guard is the script's first statement: before it, only included functions.
+        first = re.sub(r"\A\s*--\[\[.*?\]\]", "", source, count=1, flags=re.DOTALL)
+        top = [line for line in first.splitlines() if line and not line.startswith((" ", "--"))]
+        statements = [
+            line for line in top if not line.startswith(("local function", "end", "local GUARD"))
+        ]
+        assert statements[0] == call, (name, statements[:2])
+        header = source.split("]]", 1)[0].upper()
+        for i, kind in enumerate(kinds, start=1):
+            assert re.search(rf"KEYS\[{i}\] .*\b{kind.upper()}\b", header), (name, i, kind)
+
+
+@pytest.mark.parametrize("script_name", sorted(WRITING_SCRIPTS))
+async def test_a_key_of_another_type_fails_the_script_before_any_write(
+    store: Store, script_name: str
+) -> None:
+    """Every key of every writing script in turn holds a string: the script fails with
+    WRONGTYPE and the keyspace is exactly as before."""
+    scripts = all_scripts()
+    s = scripts[script_name]
+    keys = [f"g{i}" for i in range(1, s.numkeys + 1)]
+    for i in range(s.numkeys):
+        await store.command("FLUSHDB")
+        await store.command("SET", keys[i], "not-a-" + WRITING_SCRIPTS[script_name][i])
+        before = await store.command("KEYS", "*")
+        with pytest.raises(StoreError, match="wrong kind of value"):
+            await store.run(s, keys, GUARD_ARGV[script_name])
+        assert await store.command("KEYS", "*") == before
+        assert (
+            await store.command("GET", keys[i])
+            == ("not-a-" + WRITING_SCRIPTS[script_name][i]).encode()
+        )
+
+
+# ARGV that would make each script write something if its keys were fine.
+GUARD_ARGV: dict[str, list[Arg]] = {
+    "ack": [0, "fallback", "a", "t", "", "result-terminal:a", "rl", "{}", "m"],
+    "claim": [60, "request-cancel:", "m", "a", "t", 4102444800, ""],
+    "dead-letter": [0, "fallback", "m", "a", "", "result-terminal:a", "rl", "{}"],
+    "move-retries": [100],
+    "park": ["a", "t", 1, "m"],
+    "reclaim": [100, 10, "", "rl", "result-terminal:", 0],
+    "release": ["a", "t", ""],
+    "renew": [60, "a", "t", 4102444800],
+    "requeue-dead": ["result-terminal:", "0", "m", "a"],
+}
 
 
 def test_nested_includes_resolve(

@@ -389,7 +389,7 @@ def test_cancel_refuses_a_key_of_another_type(
     before = {k: do(redis_url, ("DUMP", k))[0] for k in keys(redis_url)}
     one_line_error(
         invoke(["cancel", "r"], redis_url),
-        f"key {key!r} holds {held}, not a string: nothing was cancelled",
+        f"key {key!r} holds {held}, not a string: 'r' was not cancelled",
     )
     assert {k: do(redis_url, ("DUMP", k))[0] for k in keys(redis_url)} == before
 
@@ -402,7 +402,7 @@ def test_cancel_reports_the_ids_done_before_a_refusal(redis_url: str) -> None:
     assert result.exit_code == 1, result.output
     assert result.stdout.splitlines() == ["a: cancelled"]
     assert result.stderr.splitlines() == [
-        "claimkit: key 'request-cancel:b' holds a list, not a string: nothing was cancelled"
+        "claimkit: key 'request-cancel:b' holds a list, not a string: 'b' was not cancelled"
     ]
     assert do(redis_url, ("GET", "request-cancel:a")) == [live.encode()]
 
