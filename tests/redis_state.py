@@ -97,3 +97,15 @@ def redis(url: str, fn: Callable[[Store], Awaitable[T]], *, timeout: float = 30.
 def do(url: str, *commands: Sequence[Arg]) -> list[Any]:
     """Run raw commands in one MULTI/EXEC from synchronous test code; their replies."""
     return redis(url, lambda s: s.pipeline(commands, transaction=True))
+
+
+async def command_calls(store: Store) -> dict[str, int]:
+    """``calls=`` per command from ``INFO commandstats`` (commands run inside scripts
+    included), lower-case names."""
+    info: bytes = await store.command("INFO", "commandstats")
+    out: dict[str, int] = {}
+    for line in info.decode().splitlines():
+        if line.startswith("cmdstat_"):
+            name, fields = line[len("cmdstat_") :].split(":", 1)
+            out[name] = int(dict(f.split("=") for f in fields.split(","))["calls"])
+    return out

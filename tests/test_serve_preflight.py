@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import trio
+from redis_state import command_calls
 
 from claimkit._config import ConfigError, load_config
 from claimkit._consumer import Consumer, QueueRuntime, key_roles
@@ -360,15 +361,3 @@ async def test_a_refused_ack_counts_in_left_to_lapse(redis_factory: Any) -> None
             1,
         )
         assert await store.command("LLEN", "result-list") == 0
-
-
-async def command_calls(store: Store) -> dict[str, int]:
-    """``calls=`` per command from ``INFO commandstats`` (commands run inside scripts
-    included), lower-case names."""
-    info: bytes = await store.command("INFO", "commandstats")
-    out: dict[str, int] = {}
-    for line in info.decode().splitlines():
-        if line.startswith("cmdstat_"):
-            name, fields = line[len("cmdstat_") :].split(":", 1)
-            out[name] = int(dict(f.split("=") for f in fields.split(","))["calls"])
-    return out

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+from redis_state import command_calls
 
 from claimkit import _keys
 from claimkit._config import ConfigError
@@ -271,17 +272,6 @@ async def test_run_many_in_order_with_noscript_fallback(bstore: Store) -> None:
         with pytest.raises(ValueError, match="takes 1 keys, got 0"):
             await bstore.run_many(script, [(["a"], []), ([], [])])
         assert await bstore.command("MGET", "a", "b") == [b"3", b"1"]  # nothing was sent
-
-
-async def command_calls(store: Store) -> dict[str, int]:
-    """``calls=`` per command from ``INFO commandstats``, lower-case names."""
-    info: bytes = await store.command("INFO", "commandstats")
-    out: dict[str, int] = {}
-    for line in info.decode().splitlines():
-        if line.startswith("cmdstat_"):
-            name, fields = line[len("cmdstat_") :].split(":", 1)
-            out[name] = int(dict(f.split("=") for f in fields.split(","))["calls"])
-    return out
 
 
 async def test_run_many_refused_call_is_store_error_and_the_others_ran(bstore: Store) -> None:
