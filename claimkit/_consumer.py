@@ -35,7 +35,7 @@ from . import _keys
 from ._config import ConfigError
 from ._dispatch import Done, Outcome, Retry, Target, dispatch, open_http_client
 from ._gates import DEFAULT_BUDGET_KEY, Gate, GateError, make_gate
-from ._inspect import WrongKeyType
+from ._inspect import WrongKeyType, first_wrong_type
 from ._metrics import Metrics, QueueMetrics
 from ._models import Envelope, ErrorCode, Invalid, TerminalRecord, parse_member, retry_member
 from ._protocol import AckItem, ClaimCode, QueueOps, move_retries, new_token
@@ -210,18 +210,12 @@ async def check_keys(store: Store, roles: dict[str, KeyRole]) -> None:
             it holds and what it should hold.
         StoreUnavailable, StoreError: from the store.
     """
-    names = list(roles)
-    if not names:
-        return
-    replies = await store.pipeline([("TYPE", name) for name in names], transaction=False)
-    for name, reply in zip(names, replies, strict=True):
-        found = reply.decode() if isinstance(reply, bytes) else str(reply)
-        role = roles[name]
-        if found not in ("none", role.kind):
-            raise WrongKeyType(
-                f"{role.name(name)} holds {_keys.type_name(found)}, "
-                f"not {_keys.type_name(role.kind)}"
-            )
+    wrong = await first_wrong_type(store, {name: role.kind for name, role in roles.items()})
+    if wrong is not None:
+        name, found, want = wrong
+        raise WrongKeyType(
+            f"{roles[name].name(name)} holds {_keys.type_name(found)}, not {_keys.type_name(want)}"
+        )
 
 
 def _is_wrongtype(exc: StoreError) -> bool:

@@ -72,18 +72,34 @@ async def check_key_types(store: Store, expected: Mapping[str, str]) -> None:
         WrongKeyType: the first key holding another type, as one line.
         StoreUnavailable, StoreError: from the store.
     """
+    wrong = await first_wrong_type(store, expected)
+    if wrong is not None:
+        name, found, want = wrong
+        raise WrongKeyType(
+            f"key {name!r} holds {_keys.type_name(found)}, not "
+            f"{_keys.type_name(want)}: is the queue or list name right?"
+        )
+
+
+async def first_wrong_type(
+    store: Store, expected: Mapping[str, str]
+) -> tuple[str, str, str] | None:
+    """The first existing key of ``expected`` (key -> ``TYPE`` name) holding another type,
+    as ``(key, found, expected)``; ``None`` when all are right or missing. One pipelined
+    round trip of ``TYPE`` calls.
+
+    Raises:
+        StoreUnavailable, StoreError: from the store.
+    """
     names = list(expected)
     if not names:
-        return
+        return None
     replies = await store.pipeline([("TYPE", name) for name in names], transaction=False)
     for name, reply in zip(names, replies, strict=True):
         found = _text(reply)
-        want = expected[name]
-        if found not in ("none", want):
-            raise WrongKeyType(
-                f"key {name!r} holds {_keys.type_name(found)}, not "
-                f"{_keys.type_name(want)}: is the queue or list name right?"
-            )
+        if found not in ("none", expected[name]):
+            return name, found, expected[name]
+    return None
 
 
 _STAMP_AHEAD_MAX = 300.0
