@@ -34,7 +34,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 from . import _keys
 from ._config import ConfigError
 from ._dispatch import Done, Outcome, Retry, Target, dispatch, open_http_client
-from ._gates import DEFAULT_BUDGET_KEY, Gate, GateError, make_gate
+from ._gates import Gate, GateError, budget_key, make_gate
 from ._inspect import WrongKeyType, first_wrong_type
 from ._metrics import Metrics, QueueMetrics
 from ._models import Envelope, ErrorCode, Invalid, TerminalRecord, parse_member, retry_member
@@ -195,8 +195,11 @@ def key_roles(config: Config) -> dict[str, KeyRole]:
             want(q.result_queue_name, "list", f"result list {{}} of queue {q.queue_name!r}")
     want(config.result_queue_name, "list", "global result list {}")
     for q in config.queues:
-        key = q.gate_params.get("key", DEFAULT_BUDGET_KEY) if q.gate_type == "redis" else None
-        if isinstance(key, str) and key:
+        try:
+            key = budget_key(q)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if key:
             want(key, "string", f"gate budget key {{}} of queue {q.queue_name!r}")
     return roles
 
