@@ -125,6 +125,7 @@ class _Job:
     held: _Held
     record: TerminalRecord | None = None
     retry_delay: float = 0.0
+    retry_last: TerminalRecord | None = None  # the attempt's HTTP response, parked with it
     done: trio.Event = field(default_factory=trio.Event)
     owned: bool = False
 
@@ -671,8 +672,10 @@ class Consumer:
                 if held.cancelled:
                     outcome = Done(TerminalRecord.error(env.id, ErrorCode.CANCELLED, "cancelled"))
                 elif env.deadline <= now:
+                    # Past the deadline the last HTTP response it had is its record.
                     outcome = Done(
-                        TerminalRecord.error(
+                        env.last_response
+                        or TerminalRecord.error(
                             env.id, ErrorCode.DEADLINE_EXCEEDED, "deadline exceeded"
                         )
                     )
@@ -691,8 +694,10 @@ class Consumer:
                 return  # stolen or gone: its result would be a duplicate (SPEC §3.3)
             job = _Job(q, held)
             if isinstance(outcome, Retry):
-                job.retry_delay = outcome.delay
+                job.retry_delay, job.retry_last = outcome.delay, outcome.last
             else:
+                if outcome.unanswered:
+                    q.metrics.gateway_no_response.inc()
                 job.record = outcome.record
                 if outcome.record.error_code is not None:
                     log.info(
@@ -841,7 +846,12 @@ class Consumer:
 
     async def _park(self, q: QueueRuntime, jobs: list[_Job]) -> None:
         items = [
-            (j.held.env.id, j.held.token, j.retry_delay, retry_member(j.held.env.raw, q.name))
+            (
+                j.held.env.id,
+                j.held.token,
+                j.retry_delay,
+                retry_member(j.held.env.raw, q.name, j.retry_last),
+            )
             for j in jobs
         ]
         async for attempt in _retrying(f"park {q.name}"):
