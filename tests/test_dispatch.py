@@ -1067,3 +1067,23 @@ def test_a_damaged_last_response_is_ignored_not_fatal(carried: Any) -> None:
     env = parse_member(json.dumps(member).encode())
     assert isinstance(env, Envelope)  # still a valid request
     assert env.last_response is None
+
+
+async def test_member_found_past_its_deadline_ends_with_its_carried_response(
+    store: Store, redis_url: str
+) -> None:
+    """A parked 429 moved back after its deadline (a consumer was down meanwhile) is not
+    sent again: its record is the 429 it carries, not DEADLINE_EXCEEDED."""
+    now = int(await server_now(store))
+    env = make_env(rid="late", deadline=now - 1)
+    member = retry_member(env.raw, "requests", TerminalRecord.http("late", 429, "slow down"))
+    await store.command("ZADD", "requests", now - 1, member)
+    consumer = Consumer(consumer_config(redis_url, f"http://127.0.0.1:{closed_port()}"), store)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(consumer.run)
+            await poll_until(lambda: _has_records(store, 1))
+            consumer.request_stop()
+    assert await result_records(store) == [
+        {"id": "late", "status_code": 429, "payload": "slow down"}
+    ]
