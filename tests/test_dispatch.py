@@ -905,8 +905,9 @@ async def submit_at_second_start(store: Store, rid: str, seconds: int) -> int:
     return deadline
 
 
-# Seed 1's first draw is 0.134: the first backoff is ~57 % of the time left, so the request
-# is parked (not ended at once) and its second attempt starts well before the deadline.
+# Seed 1's first draw is 0.134. With ~4.9 s left the first 429 (at ~0.3 s) is parked for
+# 2 + 0.134 * 2 = 2.27 s (t = min(60, 4.6, 2 * 2^1) = 4), so the second attempt starts at
+# ~2.6 s, 2 s before the deadline cuts it: margins a loaded machine does not eat.
 SEED = 1
 
 
@@ -918,7 +919,7 @@ async def test_rate_limited_request_cut_by_its_deadline_ends_with_the_429(
     and the gateway's body), not INFERENCE_ERROR."""
     gw = await start_gateway(nursery, lambda rid, n: ("429", 0.3) if n == 1 else ("429", 30))
     with trio.fail_after(20):
-        await submit_at_second_start(store, "rl-1", 4)
+        await submit_at_second_start(store, "rl-1", 5)
         consumer = Consumer(consumer_config(redis_url, gw.url), store, rng=random.Random(SEED))
         async with trio.open_nursery() as n:
             await n.start(consumer.run)
@@ -939,17 +940,19 @@ async def test_parked_429_survives_a_consumer_restart(
     gw = await start_gateway(nursery, lambda rid, n: ("429", 0.3) if n == 1 else ("hang",))
     config = consumer_config(redis_url, gw.url)
     with trio.fail_after(20):
-        await submit_at_second_start(store, "rl-2", 4)
+        await submit_at_second_start(store, "rl-2", 5)
         first = Consumer(config, store, rng=random.Random(SEED))
         async with trio.open_nursery() as n:
             await n.start(first.run)
+            members: list[bytes] = []
 
             async def parked() -> bool:
-                return await store.command("ZCARD", "retry-sortedset") == 1
+                members[:] = await store.command("ZRANGE", "retry-sortedset", 0, -1)
+                return bool(members)
 
             await poll_until(parked)
             first.request_stop()
-        (member,) = await store.command("ZRANGE", "retry-sortedset", 0, -1)
+        (member,) = members
         internal = json.loads(member)["internal"]
         assert internal["claimkit_last_response"] == {
             "status_code": 429,
@@ -972,7 +975,7 @@ async def test_no_response_ever_cut_by_the_deadline_is_deadline_exceeded(
 ) -> None:
     gw = await start_gateway(nursery, lambda rid, n: ("hang",))
     with trio.fail_after(20):
-        await submit_at_second_start(store, "h-1", 2)
+        await submit_at_second_start(store, "h-1", 3)
         consumer = Consumer(consumer_config(redis_url, gw.url), store)
         async with trio.open_nursery() as n:
             await n.start(consumer.run)
@@ -999,16 +1002,22 @@ async def test_gateway_that_reads_the_request_and_drops_it_sees_it_once(
     counted in async_gateway_no_response_total."""
     gw = await start_gateway(nursery, lambda rid, n: ("drop",) if rid == "drop" else ("200",))
     with trio.fail_after(20):
-        consumer = Consumer(consumer_config(redis_url, gw.url), store)
-        async with trio.open_nursery() as n:
-            await n.start(consumer.run)
-            producer = Producer(store, "requests")
-            now = int(await server_now(store))
-            await producer.submit({"id": "keep", "deadline": now + 600, "payload": {"id": "keep"}})
-            await poll_until(lambda: _has_records(store, 1))
-            await producer.submit({"id": "drop", "deadline": now + 600, "payload": {"id": "drop"}})
-            await poll_until(lambda: _has_records(store, 2))
-            consumer.request_stop()
+        # A long idle expiry, so that "drop" surely goes out on the connection "keep" used.
+        async with HttpClient(max_connections=4, keepalive_expiry=60) as http:
+            consumer = Consumer(consumer_config(redis_url, gw.url), store, http_client=http)
+            async with trio.open_nursery() as n:
+                await n.start(consumer.run)
+                producer = Producer(store, "requests")
+                now = int(await server_now(store))
+                await producer.submit(
+                    {"id": "keep", "deadline": now + 600, "payload": {"id": "keep"}}
+                )
+                await poll_until(lambda: _has_records(store, 1))
+                await producer.submit(
+                    {"id": "drop", "deadline": now + 600, "payload": {"id": "drop"}}
+                )
+                await poll_until(lambda: _has_records(store, 2))
+                consumer.request_stop()
         first, second = await result_records(store)
         assert first == {"id": "keep", "status_code": 200, "payload": '{"ok":true}'}
         message = PREFIX + "server closed the connection without a response"
