@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ._gates import check_gate_address, check_gate_params
 from ._store import check_url
 
 __all__ = ["Config", "ConfigError", "QueueConfig", "load_config"]
@@ -189,6 +190,10 @@ def _queue(i: int, raw: Any) -> QueueConfig:
     params = raw.get("gate_params") or {}
     if not isinstance(params, dict):
         raise ConfigError(f"{where}.gate_params must be an object")
+    try:
+        check_gate_params(gate, params, f"{where}.gate_params")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return QueueConfig(
         queue_name=name,
         igw_base_url=base,
@@ -201,6 +206,19 @@ def _queue(i: int, raw: Any) -> QueueConfig:
         gate_params=dict(params),
         labels=_str_map(f"{where}.labels", raw.get("labels")),
     )
+
+
+def _unknown_gate_params(i: int, raw: dict[str, Any]) -> list[str]:
+    """``queues[i].gate_params.<name>`` for each parameter its gate type does not read
+    (llm-d-async has gates claimkit lacks; a typo would silently change nothing)."""
+    gate, params = raw.get("gate_type") or "constant", raw.get("gate_params")
+    if not isinstance(params, dict) or not isinstance(gate, str) or gate not in GATE_TYPES:
+        return []
+    try:
+        names = check_gate_params(gate, params, f"queues[{i}].gate_params")
+    except ValueError:
+        return []  # _queue reports it
+    return [f"queues[{i}].gate_params.{k}" for k in names]
 
 
 def load_config(
@@ -250,6 +268,7 @@ def load_config(
     for i, q in enumerate(raw.get("queues") or []):
         if isinstance(q, dict):
             unknown += [f"queues[{i}].{k}" for k in q if k not in _QUEUE_FIELDS]
+            unknown += _unknown_gate_params(i, q)
     merged: dict[str, Any] = {k: v for k, v in (flags or {}).items() if v is not None}
     merged.update({k: v for k, v in raw.items() if v is not None})
 
@@ -280,6 +299,11 @@ def load_config(
     queues = tuple(_queue(i, q) for i, q in enumerate(queues_raw))
     if require_queues and not queues:
         raise ConfigError("queues must list at least one queue")
+    for i, q in enumerate(queues):
+        try:
+            check_gate_address(q.gate_params, f"queues[{i}].gate_params", url)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     seen_names: set[str] = set()
     seen_ids: set[str] = set()
     for q in queues:

@@ -34,7 +34,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 from . import _keys
 from ._config import ConfigError
 from ._dispatch import Done, Outcome, Retry, Target, dispatch, open_http_client
-from ._gates import DEFAULT_BUDGET_KEY, Gate, GateError, make_gate
+from ._gates import Gate, GateError, budget_key, make_gate
 from ._inspect import WrongKeyType, first_wrong_type
 from ._metrics import Metrics, QueueMetrics
 from ._models import Envelope, ErrorCode, Invalid, TerminalRecord, parse_member, retry_member
@@ -125,6 +125,7 @@ class _Job:
     held: _Held
     record: TerminalRecord | None = None
     retry_delay: float = 0.0
+    retry_last: TerminalRecord | None = None  # the attempt's HTTP response, parked with it
     done: trio.Event = field(default_factory=trio.Event)
     owned: bool = False
 
@@ -195,8 +196,11 @@ def key_roles(config: Config) -> dict[str, KeyRole]:
             want(q.result_queue_name, "list", f"result list {{}} of queue {q.queue_name!r}")
     want(config.result_queue_name, "list", "global result list {}")
     for q in config.queues:
-        key = q.gate_params.get("key", DEFAULT_BUDGET_KEY) if q.gate_type == "redis" else None
-        if isinstance(key, str) and key:
+        try:
+            key = budget_key(q)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if key:
             want(key, "string", f"gate budget key {{}} of queue {q.queue_name!r}")
     return roles
 
@@ -668,8 +672,10 @@ class Consumer:
                 if held.cancelled:
                     outcome = Done(TerminalRecord.error(env.id, ErrorCode.CANCELLED, "cancelled"))
                 elif env.deadline <= now:
+                    # Past the deadline the last HTTP response it had is its record.
                     outcome = Done(
-                        TerminalRecord.error(
+                        env.last_response
+                        or TerminalRecord.error(
                             env.id, ErrorCode.DEADLINE_EXCEEDED, "deadline exceeded"
                         )
                     )
@@ -688,8 +694,10 @@ class Consumer:
                 return  # stolen or gone: its result would be a duplicate (SPEC §3.3)
             job = _Job(q, held)
             if isinstance(outcome, Retry):
-                job.retry_delay = outcome.delay
+                job.retry_delay, job.retry_last = outcome.delay, outcome.last
             else:
+                if outcome.unanswered:
+                    q.metrics.gateway_no_response.inc()
                 job.record = outcome.record
                 if outcome.record.error_code is not None:
                     log.info(
@@ -838,7 +846,12 @@ class Consumer:
 
     async def _park(self, q: QueueRuntime, jobs: list[_Job]) -> None:
         items = [
-            (j.held.env.id, j.held.token, j.retry_delay, retry_member(j.held.env.raw, q.name))
+            (
+                j.held.env.id,
+                j.held.token,
+                j.retry_delay,
+                retry_member(j.held.env.raw, q.name, j.retry_last),
+            )
             for j in jobs
         ]
         async for attempt in _retrying(f"park {q.name}"):

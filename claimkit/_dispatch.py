@@ -13,14 +13,22 @@ The rules, all from SPEC §4:
   (a ``POST`` must not turn into a ``GET``): a 3xx response is the record.
 - Timeout per attempt: ``min(request_timeout, seconds to deadline)``. When that is not
   positive the request is not sent: the record is ``DEADLINE_EXCEEDED``.
-- No response (connect error, timeout, any transport failure) → ``INFERENCE_ERROR``, not
-  retried. 429, 5xx, or a body that fails to read → retry. Anything else (other 4xx, 2xx,
-  3xx) → a record with that status and the exact body text.
+- No response (connect error, ``request_timeout`` passed, any transport failure) →
+  ``INFERENCE_ERROR``, not retried; a request once written is never sent again (see
+  :mod:`._http`). 429, 5xx, or a body that fails to read → retry. Anything else (other
+  4xx, 2xx, 3xx) → a record with that status and the exact body text.
+- An attempt cut short by the deadline (its timeout was the time to the deadline, not
+  ``request_timeout``) is the deadline ending the request, not a gateway fault: the record
+  is the last HTTP response the request had, else ``DEADLINE_EXCEEDED``.
 - Backoff for attempt ``n = retry_count + 1``: see :func:`backoff_delay`. There is no attempt
   limit, the deadline ends it: when the backoff would leave less than
   :data:`DEADLINE_MARGIN` seconds before the deadline, past the deadline the last HTTP
   response becomes the record (``DEADLINE_EXCEEDED`` when there was none), so the request
   is finished now instead of being parked only to expire.
+- "The last HTTP response" spans attempts: a parked request carries its last response
+  (status and body, bounded) in its retry member (``Envelope.last_response``, see
+  :data:`claimkit._models.LAST_RESPONSE_FIELD`), so after the deadline the record is the
+  429 it kept getting, whichever process made the last attempt.
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ DEADLINE_MARGIN = 0.5
 _MAX_BACKOFF = 60.0
 _BACKSTOP_SECONDS = 1.0
 _INFERENCE_ERROR_PREFIX = "Failed to send request to inference: "
+_TIMEOUTS = (_http.ConnectTimeout, _http.PoolTimeout, _http.WriteTimeout, _http.ReadTimeout)
 _DEADLINE_MESSAGE = "deadline exceeded"
 _RETRY_AFTER_SECONDS = re.compile(r"\d+(?:\.\d+)?")
 _default_rng = random.Random()
@@ -93,9 +102,18 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """Terminal: ack ``record`` (SPEC §3.4)."""
+    """Terminal: ack ``record`` (docs/protocol.md).
+
+    Attributes:
+        record: the terminal record.
+        unanswered: the request was written and the gateway gave no response (it closed or
+            reset the connection, or ``request_timeout`` passed): an ``INFERENCE_ERROR`` the
+            gateway may still be running, never re-sent. Counted in
+            ``async_gateway_no_response_total``.
+    """
 
     record: TerminalRecord
+    unanswered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +123,8 @@ class Retry:
     Attributes:
         delay: backoff in seconds, > 0.
         last: the record the last HTTP response would make (status and body), or ``None``
-            when the attempt got no readable response (the body failed to read).
+            when the attempt got no readable response (the body failed to read). The
+            parked member carries it (:func:`claimkit._models.retry_member`).
     """
 
     delay: float
@@ -257,10 +276,18 @@ def _deadline_record(env: Envelope) -> TerminalRecord:
     return TerminalRecord.error(env.id, ErrorCode.DEADLINE_EXCEEDED, _DEADLINE_MESSAGE)
 
 
-def _inference_error(env: Envelope, reason: str) -> Done:
+def _inference_error(env: Envelope, reason: str, *, unanswered: bool = False) -> Done:
     return Done(
-        TerminalRecord.error(env.id, ErrorCode.INFERENCE_ERROR, _INFERENCE_ERROR_PREFIX + reason)
+        TerminalRecord.error(env.id, ErrorCode.INFERENCE_ERROR, _INFERENCE_ERROR_PREFIX + reason),
+        unanswered=unanswered,
     )
+
+
+def _deadline_ends(env: Envelope, last: TerminalRecord | None) -> Done:
+    """The deadline ended the request: its last HTTP response (this attempt's, else the one
+    its member carries from an earlier attempt), or ``DEADLINE_EXCEEDED``."""
+    last = last or env.last_response
+    return Done(last if last is not None else _deadline_record(env))
 
 
 async def dispatch(
@@ -287,12 +314,14 @@ async def dispatch(
         :class:`Done` with the terminal record: the HTTP status and exact body text of a
         final response; ``DEADLINE_EXCEEDED`` if no time was left to send (nothing is
         sent then); ``INFERENCE_ERROR`` with message ``Failed to send request to
-        inference: <reason>`` when no response was had (connect failure, timeout, transport
-        error, or a request the client refuses to build). Or :class:`Retry` for 429, 5xx and
-        unreadable bodies — unless its backoff would leave less than
-        :data:`DEADLINE_MARGIN` seconds before the deadline: past the deadline the last
-        HTTP response becomes the record (``Done(last)``), or ``DEADLINE_EXCEEDED`` when the
-        attempt had no readable response.
+        inference: <reason>`` when no response was had (connect failure, ``request_timeout``
+        passed, transport error, or a request the client refuses to build). When the
+        deadline, not ``request_timeout``, cut the attempt short, the deadline ended it:
+        the record is the last HTTP response (this attempt's or ``env.last_response``),
+        else ``DEADLINE_EXCEEDED``. Or :class:`Retry` for 429, 5xx and unreadable bodies —
+        unless its backoff would leave less than :data:`DEADLINE_MARGIN` seconds before
+        the deadline: past the deadline the last HTTP response becomes the record, or
+        ``DEADLINE_EXCEEDED`` when there was none.
 
     Raises:
         Nothing for HTTP or network failures; they become outcomes.
@@ -305,7 +334,10 @@ async def dispatch(
     seconds_left = env.deadline - now
     timeout = min(request_timeout, seconds_left)
     if timeout <= 0:
-        return Done(_deadline_record(env))
+        return _deadline_ends(env, None)
+    # When the time to the deadline is the attempt's limit, running out of it is the
+    # deadline ending the request, not the gateway failing to answer.
+    deadline_cuts = seconds_left <= request_timeout
 
     started = trio.current_time()
     url = build_url(target.base_url, env.endpoint or target.request_path)
@@ -317,6 +349,8 @@ async def dispatch(
     body: str | None = None
     retry_after: str | None = None
     failure = ""
+    timed_out = True  # unless the client says otherwise: the backstop below ran out
+    unanswered = False
     # The client bounds every phase, a body trickling in forever included, by one deadline
     # and says which phase ran out; this scope is only a backstop a little later.
     with trio.move_on_after(timeout + _BACKSTOP_SECONDS):
@@ -330,13 +364,20 @@ async def dispatch(
             failure = _describe(exc)
         except _http.HttpError as exc:
             failure = _describe(exc)
+            timed_out = isinstance(exc, _TIMEOUTS)
+            unanswered = isinstance(exc, _http.NoResponse)
         else:
             status = response.status
             retry_after = response.header("retry-after")
             body = response.text
 
     if status is None:
-        return _inference_error(env, failure or f"no response within {_format_seconds(timeout)}")
+        if timed_out and deadline_cuts:
+            return _deadline_ends(env, None)
+        if not failure:  # the backstop ran out: the request went out, no answer came
+            reason = f"no response within {_format_seconds(timeout)}"
+            return _inference_error(env, reason, unanswered=True)
+        return _inference_error(env, failure, unanswered=unanswered)
 
     last: TerminalRecord | None = None
     if body is not None:
@@ -358,7 +399,7 @@ async def dispatch(
         env.retry_count + 1, left, retry_after, now=now_after, rng=rng or _default_rng
     )
     if delay >= left - DEADLINE_MARGIN:
-        return Done(last if last is not None else _deadline_record(env))
+        return _deadline_ends(env, last)
     return Retry(delay, last)
 
 
@@ -367,8 +408,11 @@ def open_http_client(concurrency: int) -> _http.HttpClient:
 
     It is claimkit's own HTTP/1.1 client (:class:`claimkit._http.HttpClient`, h11 over
     trio streams): redirects are never followed (SPEC §4), up to ``concurrency``
-    connections are open at once and idle ones are kept for reuse for 30 s, so a full worker
-    pool never waits for a connection. :func:`dispatch` sets the timeout of every attempt.
+    connections are open at once, so a full worker pool never waits for a connection, and
+    idle ones are kept for reuse for :data:`claimkit._http.KEEPALIVE_EXPIRY_SECONDS`
+    (1.5 s, below common gateway keep-alive timeouts: a request written on a connection the
+    server is closing is never re-sent, so that race must stay rare). :func:`dispatch`
+    sets the timeout of every attempt.
     Use it as ``async with open_http_client(n) as client:`` so its connections are closed.
     See ``docs/performance.md`` for why not httpx (about 10x the CPU per request).
 
@@ -377,4 +421,4 @@ def open_http_client(concurrency: int) -> _http.HttpClient:
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
-    return _http.HttpClient(max_connections=concurrency, keepalive_expiry=30.0)
+    return _http.HttpClient(max_connections=concurrency)

@@ -11,12 +11,17 @@ Behaviour:
 
 - **Pool.** At most ``max_connections`` connections are open at once across all origins; a
   request waits for one to free up (``PoolTimeout`` if its deadline passes first). Idle
-  connections are kept for ``keepalive_expiry`` seconds and reused most recent first.
+  connections are kept for ``keepalive_expiry`` seconds (default
+  :data:`KEEPALIVE_EXPIRY_SECONDS`) and reused most recent first.
 - **Server closed an idle connection.** Before reuse, an idle connection that has become
-  readable (the server sent EOF or stray bytes) is thrown away. If a reused connection
-  still fails before a single response byte arrives (the server closed it while we were
-  writing), the request is sent once more on a fresh connection: that is the keep-alive
-  race every HTTP client handles, and the gateway saw at most a request it never answered.
+  readable (the server sent EOF or stray bytes) is thrown away unused, and the request
+  goes on the next idle connection or a fresh one: nothing of it was written yet.
+- **Never sent twice.** Once any byte of a request is written, a failure is final
+  (:class:`NoResponse`), even on a reused connection that died before any response byte:
+  the server may have read the whole request and be running it (a gateway that drops the
+  connection without answering). Telling that apart from a keep-alive race, where the
+  server closed the connection just as the request went out, is impossible; the short
+  idle expiry keeps that race rare instead.
 - **Timeouts.** One absolute deadline per request (``timeout`` seconds from the call)
   bounds every phase; the error says which phase ran out (connect, pool, write, response).
 - **Errors.** :class:`HttpError` subclasses only. Failures before the response head are
@@ -45,12 +50,14 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 __all__ = [
+    "KEEPALIVE_EXPIRY_SECONDS",
     "BodyError",
     "ConnectError",
     "ConnectTimeout",
     "HttpClient",
     "HttpError",
     "InvalidURL",
+    "NoResponse",
     "PoolTimeout",
     "ReadTimeout",
     "RemoteProtocolError",
@@ -60,9 +67,23 @@ __all__ = [
 
 _RECEIVE_BYTES = 65536
 
+KEEPALIVE_EXPIRY_SECONDS = 1.5
+"""How long an idle connection is kept for reuse, in seconds: shorter than the keep-alive
+timeout of the servers gateways run on, so claimkit drops an idle connection before the
+server does and a request rarely goes out on one the server is closing (which, since a
+written request is never re-sent, would end it as :class:`NoResponse`). Gunicorn closes
+idle connections after 2 s by default, uvicorn run by gunicorn's ``UvicornWorker`` too
+(LiteLLM's proxy can run so); uvicorn and hypercorn alone after 5 s, Node after 5 s,
+nginx after 75 s. Reopening a connection costs one handshake; an inference costs far more."""
+
 
 class HttpError(Exception):
     """Any failure of a request. ``str(exc)`` is a short human reason."""
+
+
+class NoResponse(HttpError):
+    """The request was written (all or in part) and no response head came back: the
+    gateway may have received it and be running it, so it is never sent again."""
 
 
 class InvalidURL(HttpError):
@@ -81,15 +102,15 @@ class PoolTimeout(HttpError):
     """The deadline passed while waiting for a free connection."""
 
 
-class WriteTimeout(HttpError):
+class WriteTimeout(NoResponse):
     """The deadline passed while sending the request."""
 
 
-class ReadTimeout(HttpError):
+class ReadTimeout(NoResponse):
     """The deadline passed before the response head arrived."""
 
 
-class RemoteProtocolError(HttpError):
+class RemoteProtocolError(NoResponse):
     """The connection broke or the server spoke malformed HTTP before a response head."""
 
 
@@ -221,7 +242,8 @@ class HttpClient:
 
     Args:
         max_connections: connections open at once, across origins (>= 1).
-        keepalive_expiry: seconds an idle connection is kept for reuse.
+        keepalive_expiry: seconds an idle connection is kept for reuse (keep it below the
+            server's keep-alive timeout; see :data:`KEEPALIVE_EXPIRY_SECONDS`).
         user_agent: the ``User-Agent`` header sent with every request.
 
     Use it as ``async with HttpClient(...) as client:``; :meth:`aclose` is idempotent.
@@ -231,7 +253,7 @@ class HttpClient:
         self,
         *,
         max_connections: int,
-        keepalive_expiry: float = 30.0,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY_SECONDS,
         user_agent: str = "claimkit",
     ) -> None:
         if max_connections < 1:
@@ -294,8 +316,10 @@ class HttpClient:
             The :class:`Response`, whatever its status (3xx is not followed).
 
         Raises:
-            InvalidURL, ConnectError, ConnectTimeout, PoolTimeout, WriteTimeout, ReadTimeout,
-            RemoteProtocolError: no response was had.
+            InvalidURL, ConnectError, ConnectTimeout, PoolTimeout: nothing was sent.
+            NoResponse (WriteTimeout, ReadTimeout, RemoteProtocolError): the request was
+                written, all or in part, and no response head came back; it is not sent
+                again (the server may be running it).
             BodyError: the response head arrived, its body did not.
 
         Cancellation: the connection in use is closed and its slot freed.
@@ -310,17 +334,10 @@ class HttpClient:
         if pool_wait.cancelled_caught:
             raise PoolTimeout(f"no free connection within {_seconds(timeout)}")
         try:
-            conn = self._take_idle(origin)
-            if conn is not None:
-                try:
-                    return await self._exchange(conn, request, body, deadline, timeout)
-                except _Stale:
-                    pass  # the server closed it under us: one more try on a fresh one
-            conn = await self._connect(origin, deadline, timeout)
-            try:
-                return await self._exchange(conn, request, body, deadline, timeout)
-            except _Stale as exc:
-                raise RemoteProtocolError(str(exc)) from None
+            # An idle connection the server closed is dropped here, before a byte is
+            # written on it; after that nothing is ever sent twice.
+            conn = self._take_idle(origin) or await self._connect(origin, deadline, timeout)
+            return await self._exchange(conn, request, body, deadline, timeout)
         finally:
             self._slots.release()
 
@@ -406,7 +423,6 @@ class HttpClient:
     ) -> Response:
         """One request/response on ``conn``. Puts it back in the pool when both sides are
         done and it can be reused; closes it otherwise."""
-        reused = conn.uses > 0
         keep = False
         phase = "write"
         status = 0
@@ -423,11 +439,9 @@ class HttpClient:
                 try:
                     await conn.stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    if reused:
-                        raise _Stale(f"connection closed while sending: {exc}") from None
                     raise RemoteProtocolError(f"connection broke while sending: {exc}") from None
                 phase = "head"
-                head = await self._read_head(conn, reused)
+                head = await self._read_head(conn)
                 status, headers = head.status_code, list(head.headers)
                 phase = "body"
                 chunks: list[bytes] = []
@@ -461,13 +475,11 @@ class HttpClient:
             else:
                 await conn.aclose()
 
-    async def _read_head(self, conn: _Conn, reused: bool) -> h11.Response:
+    async def _read_head(self, conn: _Conn) -> h11.Response:
         while True:
             try:
                 event = await self._next_event(conn)
             except _EOFBeforeResponse as exc:
-                if reused:
-                    raise _Stale(str(exc)) from None
                 raise RemoteProtocolError(str(exc)) from None
             if type(event) is h11.Response:
                 return event
@@ -501,10 +513,6 @@ class HttpClient:
 
 class _EOFBeforeResponse(Exception):
     pass
-
-
-class _Stale(Exception):
-    """A reused connection turned out closed before any response byte: try a fresh one."""
 
 
 def _seconds(seconds: float) -> str:

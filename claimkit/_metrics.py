@@ -37,6 +37,7 @@ class QueueMetrics:
     inflight: Gauge
     backlog: Gauge
     dead_lettered: Counter
+    gateway_no_response: Counter
 
 
 class Metrics:
@@ -82,6 +83,11 @@ class Metrics:
         self.inflight = gauge("async_inflight_requests", "Requests being dispatched now")
         self.backlog = gauge("async_broker_backlog", "Pending requests in the queue")
         self.dead_lettered = counter("async_dead_lettered", "Members moved to the dead set")
+        self.gateway_no_response = counter(
+            "async_gateway_no_response",
+            "Requests written to the gateway that got no response (connection closed or reset,"
+            " or request_timeout passed): INFERENCE_ERROR, never re-sent",
+        )
 
     def for_queue(self, queue: QueueConfig) -> QueueMetrics:
         labels = (queue.queue_id, queue.queue_name, queue.labels.get("pool_name", ""))
@@ -99,4 +105,5 @@ class Metrics:
             inflight=self.inflight.labels(*labels),
             backlog=self.backlog.labels(*labels),
             dead_lettered=self.dead_lettered.labels(*labels),
+            gateway_no_response=self.gateway_no_response.labels(*labels),
         )

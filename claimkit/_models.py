@@ -18,6 +18,8 @@ import msgspec
 __all__ = [
     "DEADLINE_INVALID_MESSAGE",
     "DEADLINE_RANGE_MESSAGE",
+    "LAST_RESPONSE_FIELD",
+    "LAST_RESPONSE_MAX_BYTES",
     "MAX_DEADLINE",
     "Envelope",
     "ErrorCode",
@@ -44,6 +46,18 @@ DEADLINE_RANGE_MESSAGE = (
 """``error_message`` of the ``INVALID_REQUEST`` record of a member whose ``data.deadline``
 is an integer above :data:`MAX_DEADLINE` (SPEC §2.3: "another precise reason")."""
 
+LAST_RESPONSE_FIELD = "claimkit_last_response"
+"""The ``internal`` field of a retry member that carries the last HTTP response of the
+request (``{"status_code": 429, "payload": "<body>"}``), so that when the deadline ends the
+request after it was parked, that response is its record (docs/configuration.md). A name
+of claimkit's own, so it cannot collide with llm-d-async's fields; unknown fields are kept
+by both when a member is rewritten."""
+
+LAST_RESPONSE_MAX_BYTES = 65536
+"""The most body bytes (UTF-8) a retry member carries in :data:`LAST_RESPONSE_FIELD`; a
+longer body is cut there (at a character boundary). 429 and 5xx bodies are small; the
+bound keeps a pathological one from bloating every pending and retry member."""
+
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 StrMap = dict[str, str]
 
@@ -68,6 +82,8 @@ class _Internal(msgspec.Struct, omit_defaults=True):
     result_queue_name: str | None = None
     transport_correlation_id: str | None = None
     labels: StrMap | None = None
+    # Read leniently (parse_member): a damaged copy must not make the request invalid.
+    claimkit_last_response: Any = None
 
 
 class _Wire(msgspec.Struct):
@@ -100,6 +116,8 @@ class Envelope:
         id: ``data.id``.
         deadline: ``data.deadline``, Unix seconds.
         request_token: ``internal.request_token`` or ``""`` (the request generation).
+        last_response: the record of the last HTTP response an earlier attempt had, from
+            :data:`LAST_RESPONSE_FIELD` (``None`` when there was none, or it is damaged).
     """
 
     raw: bytes
@@ -113,6 +131,7 @@ class Envelope:
     request_token: str
     retry_count: int
     result_queue_name: str | None
+    last_response: TerminalRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,12 +227,30 @@ def parse_member(raw: bytes) -> Envelope | Invalid:
         request_token=internal.request_token or "",
         retry_count=internal.retry_count,
         result_queue_name=internal.result_queue_name,
+        last_response=_last_response(data.id, internal.claimkit_last_response),
     )
 
 
-def retry_member(raw: bytes, queue: str) -> bytes:
-    """The retry-set copy of a member (SPEC §3.5): ``internal.retry_count`` + 1 and
+def _last_response(request_id: str, carried: object) -> TerminalRecord | None:
+    """The record :data:`LAST_RESPONSE_FIELD` holds, or ``None`` when absent or damaged."""
+    if not isinstance(carried, dict):
+        return None
+    status, payload = carried.get("status_code"), carried.get("payload")
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        return None
+    if not isinstance(payload, str) or _utf8(payload) is None:
+        return None
+    return TerminalRecord.http(request_id, status, payload)
+
+
+def retry_member(raw: bytes, queue: str, last: TerminalRecord | None = None) -> bytes:
+    """The retry-set copy of a member (docs/protocol.md): ``internal.retry_count`` + 1 and
     ``internal.request_queue_name`` = ``queue``; every other field, known or not, is kept.
+
+    ``last``, the record of the attempt's HTTP response (status and body), is written to
+    ``internal.claimkit_last_response`` (:data:`LAST_RESPONSE_FIELD`), the body cut at
+    :data:`LAST_RESPONSE_MAX_BYTES`; with ``last=None`` (the attempt had no readable
+    response) the copy keeps the one an earlier attempt left, if any.
     """
     doc = json.loads(raw)
     internal = doc.get("internal")
@@ -222,6 +259,9 @@ def retry_member(raw: bytes, queue: str) -> bytes:
     count = internal.get("retry_count")
     internal["retry_count"] = (count if isinstance(count, int) else 0) + 1
     internal["request_queue_name"] = queue
+    if last is not None and last.status_code is not None:
+        body = last.payload.encode()[:LAST_RESPONSE_MAX_BYTES].decode("utf-8", errors="ignore")
+        internal[LAST_RESPONSE_FIELD] = {"status_code": last.status_code, "payload": body}
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 

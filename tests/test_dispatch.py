@@ -18,7 +18,10 @@ import pytest
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
+from redis_state import server_now
 
+from claimkit._config import Config, load_config
+from claimkit._consumer import Consumer
 from claimkit._dispatch import (
     DEADLINE_MARGIN,
     Done,
@@ -31,8 +34,18 @@ from claimkit._dispatch import (
     open_http_client,
 )
 from claimkit._http import HttpClient
-from claimkit._models import Envelope, ErrorCode, TerminalRecord, parse_member
+from claimkit._models import (
+    LAST_RESPONSE_FIELD,
+    LAST_RESPONSE_MAX_BYTES,
+    Envelope,
+    ErrorCode,
+    TerminalRecord,
+    parse_member,
+    retry_member,
+)
+from claimkit._producer import Producer
 from claimkit._sim import SimApp, SimConfig, serve_sim
+from claimkit._store import Store
 
 TIMEOUT = 10.0  # absolute cap for every test, seconds
 PREFIX = "Failed to send request to inference: "
@@ -512,21 +525,52 @@ async def test_hang_times_out_as_inference_error(nursery: trio.Nursery, client: 
     assert out == Done(
         TerminalRecord.error(
             "req-1", ErrorCode.INFERENCE_ERROR, PREFIX + "no response within 0.3 s"
-        )
+        ),
+        unanswered=True,  # sent, never answered: counted, never re-sent
     )
     assert 0.3 <= elapsed < 2.0
     assert app.stats()["hangs"] == 1
 
 
 async def test_timeout_is_capped_by_deadline(nursery: trio.Nursery, client: HttpClient) -> None:
-    url, _ = await start_sim(nursery, SimConfig(rate_hang=1.0))
+    """The attempt's limit is the 0.25 s left to the deadline, not request_timeout: running
+    out of it is the deadline ending the request (it used to read as INFERENCE_ERROR "no
+    response within 0.25 s")."""
+    url, app = await start_sim(nursery, SimConfig(rate_hang=1.0))
     env = make_env(deadline=2_000_000_000)
     with trio.fail_after(TIMEOUT):
+        started = trio.current_time()
         out = await dispatch(client, env, Target(url), request_timeout=300, now=env.deadline - 0.25)
+        assert trio.current_time() - started >= 0.25
+    assert out == Done(
+        TerminalRecord.error("req-1", ErrorCode.DEADLINE_EXCEEDED, "deadline exceeded")
+    )
+    assert app.stats()["hangs"] == 1
+
+
+async def test_deadline_cut_after_a_parked_429_is_that_429(
+    nursery: trio.Nursery, client: HttpClient
+) -> None:
+    """The member carries the 429 an earlier attempt got; this attempt hangs until the
+    deadline: the record is the carried 429, status and body."""
+    url, _ = await start_sim(nursery, SimConfig(rate_hang=1.0))
+    parked = retry_member(
+        make_env(deadline=2_000_000_000).raw, "q", TerminalRecord.http("x", 429, "slow down")
+    )
+    env = parse_member(parked)
+    assert isinstance(env, Envelope)
+    assert env.last_response == TerminalRecord.http("req-1", 429, "slow down")
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(client, env, Target(url), request_timeout=300, now=env.deadline - 0.25)
+    assert out == Done(TerminalRecord.http("req-1", 429, "slow down"))
+    # request_timeout, not the deadline, cutting it is still the gateway failing to answer.
+    with trio.fail_after(TIMEOUT):
+        out = await dispatch(client, env, Target(url), request_timeout=0.2, now=env.deadline - 5)
     assert out == Done(
         TerminalRecord.error(
-            "req-1", ErrorCode.INFERENCE_ERROR, PREFIX + "no response within 0.25 s"
-        )
+            "req-1", ErrorCode.INFERENCE_ERROR, PREFIX + "no response within 0.2 s"
+        ),
+        unanswered=True,
     )
 
 
@@ -755,3 +799,300 @@ async def test_concurrency_limit_is_respected(nursery: trio.Nursery) -> None:
 
 async def _collect(results: list[object], client: HttpClient, env: Envelope, url: str) -> None:
     results.append(await dispatch(client, env, Target(url), request_timeout=5, now=time.time()))
+
+
+# -- whole consumer: the deadline ends a rate-limited request with its last response --------
+
+
+@dataclass
+class ScriptedGateway:
+    """A raw HTTP/1.1 gateway (keep-alive) that acts per request id and arrival number:
+    ``act(id, n)`` gives ``("429", seconds)`` (answer 429 after that long, body naming the
+    arrival), ``("hang",)``, ``("drop",)`` (read the whole request, close, no answer) or
+    ``("200",)``. Every request read in full is an arrival."""
+
+    act: Any
+    arrivals: dict[str, int] = field(default_factory=dict)
+    connections: int = 0
+    url: str = ""
+
+    @staticmethod
+    def body_429(n: int) -> bytes:
+        return b'{"error":{"message":"rate limited","arrival":%d}}' % n
+
+    async def handler(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        async with stream:
+            buf = bytearray()
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                while len(rest) < length:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    rest += chunk
+                del buf[: len(head) + 4 + length]
+                rid = json.loads(rest[:length])["id"]
+                n = self.arrivals[rid] = self.arrivals.get(rid, 0) + 1
+                act = self.act(rid, n)
+                if act[0] == "drop":
+                    return
+                if act[0] == "hang":
+                    await trio.sleep_forever()
+                if act[0] == "429":
+                    await trio.sleep(act[1])
+                    status, out = b"429 Too Many Requests", self.body_429(n)
+                else:
+                    status, out = b"200 OK", b'{"ok":true}'
+                await stream.send_all(
+                    b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (status, len(out), out)
+                )
+
+
+async def start_gateway(nursery: trio.Nursery, act: Any) -> ScriptedGateway:
+    gw = ScriptedGateway(act)
+    listeners = await nursery.start(partial(trio.serve_tcp, gw.handler, 0, host="127.0.0.1"))
+    gw.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    return gw
+
+
+def consumer_config(redis_url: str, gateway: str) -> Config:
+    doc = {
+        "url": redis_url,
+        "poll_interval_ms": 20,
+        "claim_lease_ttl_seconds": 30,
+        "metrics_port": 0,
+        "health_port": 0,
+        "drain_timeout_seconds": 1,
+        "queues": [{"queue_name": "requests", "igw_base_url": gateway}],
+    }
+    return load_config(inline=json.dumps(doc))
+
+
+async def poll_until(predicate: Any) -> None:
+    """Poll until ``predicate()`` holds (the caller's fail_after bounds it)."""
+    while not await predicate():
+        await trio.sleep(0.02)
+
+
+async def result_records(store: Store) -> list[dict[str, Any]]:
+    return [json.loads(r) for r in reversed(await store.command("LRANGE", "result-list", 0, -1))]
+
+
+async def submit_at_second_start(store: Store, rid: str, seconds: int) -> int:
+    """Submit ``rid`` with a deadline ``seconds`` ahead, just after a whole second of the
+    Redis clock starts, so the time left is ``seconds`` less a few milliseconds."""
+    while True:
+        sec, usec = (int(x) for x in await store.command("TIME"))
+        if usec < 100_000:
+            break
+        await trio.sleep((1_000_000 - usec) / 1e6)
+    deadline = sec + seconds
+    await Producer(store, "requests").submit(
+        {"id": rid, "deadline": deadline, "payload": {"id": rid}}
+    )
+    return deadline
+
+
+# Seed 1's first draw is 0.134. With ~4.9 s left the first 429 (at ~0.3 s) is parked for
+# 2 + 0.134 * 2 = 2.27 s (t = min(60, 4.6, 2 * 2^1) = 4), so the second attempt starts at
+# ~2.6 s, 2 s before the deadline cuts it: margins a loaded machine does not eat.
+SEED = 1
+
+
+async def test_rate_limited_request_cut_by_its_deadline_ends_with_the_429(
+    nursery: trio.Nursery, store: Store, redis_url: str
+) -> None:
+    """A LiteLLM-like gateway: 429 after a while, then a second answer that comes after the
+    deadline. The deadline cuts the second attempt: the record is the 429 it got (status
+    and the gateway's body), not INFERENCE_ERROR."""
+    gw = await start_gateway(nursery, lambda rid, n: ("429", 0.3) if n == 1 else ("429", 30))
+    with trio.fail_after(20):
+        await submit_at_second_start(store, "rl-1", 5)
+        consumer = Consumer(consumer_config(redis_url, gw.url), store, rng=random.Random(SEED))
+        async with trio.open_nursery() as n:
+            await n.start(consumer.run)
+            await poll_until(lambda: _has_records(store, 1))
+            consumer.request_stop()
+        assert await result_records(store) == [
+            {"id": "rl-1", "status_code": 429, "payload": ScriptedGateway.body_429(1).decode()}
+        ]
+        assert gw.arrivals == {"rl-1": 2}
+        assert consumer.summary.retried == 1
+
+
+async def test_parked_429_survives_a_consumer_restart(
+    nursery: trio.Nursery, store: Store, redis_url: str
+) -> None:
+    """The 429 travels in the retry member: a consumer started after the first one stopped
+    makes the last attempt, the deadline cuts it, and the record is still that 429."""
+    gw = await start_gateway(nursery, lambda rid, n: ("429", 0.3) if n == 1 else ("hang",))
+    config = consumer_config(redis_url, gw.url)
+    with trio.fail_after(20):
+        await submit_at_second_start(store, "rl-2", 5)
+        first = Consumer(config, store, rng=random.Random(SEED))
+        async with trio.open_nursery() as n:
+            await n.start(first.run)
+            members: list[bytes] = []
+
+            async def parked() -> bool:
+                members[:] = await store.command("ZRANGE", "retry-sortedset", 0, -1)
+                return bool(members)
+
+            await poll_until(parked)
+            first.request_stop()
+        (member,) = members
+        internal = json.loads(member)["internal"]
+        assert internal["claimkit_last_response"] == {
+            "status_code": 429,
+            "payload": ScriptedGateway.body_429(1).decode(),
+        }
+        assert internal["retry_count"] == 1
+        second = Consumer(config, store, rng=random.Random(SEED))
+        async with trio.open_nursery() as n:
+            await n.start(second.run)
+            await poll_until(lambda: _has_records(store, 1))
+            second.request_stop()
+        assert await result_records(store) == [
+            {"id": "rl-2", "status_code": 429, "payload": ScriptedGateway.body_429(1).decode()}
+        ]
+        assert gw.arrivals == {"rl-2": 2}
+
+
+async def test_no_response_ever_cut_by_the_deadline_is_deadline_exceeded(
+    nursery: trio.Nursery, store: Store, redis_url: str
+) -> None:
+    gw = await start_gateway(nursery, lambda rid, n: ("hang",))
+    with trio.fail_after(20):
+        await submit_at_second_start(store, "h-1", 3)
+        consumer = Consumer(consumer_config(redis_url, gw.url), store)
+        async with trio.open_nursery() as n:
+            await n.start(consumer.run)
+            await poll_until(lambda: _has_records(store, 1))
+            consumer.request_stop()
+        assert await result_records(store) == [
+            {
+                "id": "h-1",
+                "payload": '{"error":"deadline exceeded"}',
+                "error_code": "DEADLINE_EXCEEDED",
+                "error_message": "deadline exceeded",
+            }
+        ]
+        assert gw.arrivals == {"h-1": 1}
+        assert _no_response_count(consumer) == 0
+
+
+async def test_gateway_that_reads_the_request_and_drops_it_sees_it_once(
+    nursery: trio.Nursery, store: Store, redis_url: str
+) -> None:
+    """The second request goes out on the kept-alive connection of the first; the gateway
+    reads it in full and hangs up without answering. It may be running it: the record is
+    INFERENCE_ERROR, the gateway saw one arrival (it used to see two), and the outcome is
+    counted in async_gateway_no_response_total."""
+    gw = await start_gateway(nursery, lambda rid, n: ("drop",) if rid == "drop" else ("200",))
+    with trio.fail_after(20):
+        # A long idle expiry, so that "drop" surely goes out on the connection "keep" used.
+        async with HttpClient(max_connections=4, keepalive_expiry=60) as http:
+            consumer = Consumer(consumer_config(redis_url, gw.url), store, http_client=http)
+            async with trio.open_nursery() as n:
+                await n.start(consumer.run)
+                producer = Producer(store, "requests")
+                now = int(await server_now(store))
+                await producer.submit(
+                    {"id": "keep", "deadline": now + 600, "payload": {"id": "keep"}}
+                )
+                await poll_until(lambda: _has_records(store, 1))
+                await producer.submit(
+                    {"id": "drop", "deadline": now + 600, "payload": {"id": "drop"}}
+                )
+                await poll_until(lambda: _has_records(store, 2))
+                consumer.request_stop()
+        first, second = await result_records(store)
+        assert first == {"id": "keep", "status_code": 200, "payload": '{"ok":true}'}
+        message = PREFIX + "server closed the connection without a response"
+        assert second == {
+            "id": "drop",
+            "payload": json.dumps({"error": message}, separators=(",", ":")),
+            "error_code": "INFERENCE_ERROR",
+            "error_message": message,
+        }
+        assert gw.arrivals == {"keep": 1, "drop": 1}
+        assert gw.connections == 1  # "drop" went out on the kept-alive connection
+        assert _no_response_count(consumer) == 1
+
+
+async def _has_records(store: Store, count: int) -> bool:
+    return await store.command("LLEN", "result-list") >= count
+
+
+def _no_response_count(consumer: Consumer) -> float | None:
+    return consumer.metrics.registry.get_sample_value(
+        "llm_d_async_async_gateway_no_response_total",
+        {"queue_id": "requests", "queue_name": "requests", "pool_name": ""},
+    )
+
+
+# -- the last response in the retry member ---------------------------------------------------
+
+
+def test_retry_member_carries_the_last_response_bounded() -> None:
+    env = make_env(rid="big")
+    body = "é" * 40_000  # 80,000 UTF-8 bytes: cut at 65,536, on a character boundary
+    member = retry_member(env.raw, "q", TerminalRecord.http("big", 503, body))
+    carried = json.loads(member)["internal"][LAST_RESPONSE_FIELD]
+    assert carried == {"status_code": 503, "payload": "é" * 32_768}
+    assert len(carried["payload"].encode()) == LAST_RESPONSE_MAX_BYTES == 65536
+    parked = parse_member(member)
+    assert isinstance(parked, Envelope)
+    assert parked.last_response == TerminalRecord.http("big", 503, "é" * 32_768)
+    # An attempt with no readable response (last=None) keeps what an earlier one left.
+    again = parse_member(retry_member(member, "q", None))
+    assert isinstance(again, Envelope)
+    assert (again.retry_count, again.last_response) == (2, parked.last_response)
+
+
+@pytest.mark.parametrize(
+    "carried",
+    [None, "429", {"status_code": "429", "payload": "x"}, {"status_code": 99, "payload": "x"},
+     {"status_code": 429}, {"status_code": True, "payload": "x"}, [429, "x"]],
+)  # fmt: skip
+def test_a_damaged_last_response_is_ignored_not_fatal(carried: Any) -> None:
+    member = {
+        "internal": {"retry_count": 1, LAST_RESPONSE_FIELD: carried},
+        "request_kind": "plain",
+        "data": {"id": "d", "deadline": 2_000_000_000},
+    }
+    env = parse_member(json.dumps(member).encode())
+    assert isinstance(env, Envelope)  # still a valid request
+    assert env.last_response is None
+
+
+async def test_member_found_past_its_deadline_ends_with_its_carried_response(
+    store: Store, redis_url: str
+) -> None:
+    """A parked 429 moved back after its deadline (a consumer was down meanwhile) is not
+    sent again: its record is the 429 it carries, not DEADLINE_EXCEEDED."""
+    now = int(await server_now(store))
+    env = make_env(rid="late", deadline=now - 1)
+    member = retry_member(env.raw, "requests", TerminalRecord.http("late", 429, "slow down"))
+    await store.command("ZADD", "requests", now - 1, member)
+    consumer = Consumer(consumer_config(redis_url, f"http://127.0.0.1:{closed_port()}"), store)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(consumer.run)
+            await poll_until(lambda: _has_records(store, 1))
+            consumer.request_stop()
+    assert await result_records(store) == [
+        {"id": "late", "status_code": 429, "payload": "slow down"}
+    ]

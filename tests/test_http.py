@@ -15,10 +15,12 @@ import trio
 import trio.testing
 
 from claimkit._http import (
+    KEEPALIVE_EXPIRY_SECONDS,
     BodyError,
     ConnectError,
     HttpClient,
     InvalidURL,
+    NoResponse,
     PoolTimeout,
     ReadTimeout,
     RemoteProtocolError,
@@ -56,6 +58,13 @@ async def read_request(stream: trio.SocketStream, buf: bytearray) -> bytes | Non
         rest += chunk
     del buf[: len(head) + 4 + length]
     return head
+
+
+async def idle_connections_closed_by_server(client: HttpClient) -> None:
+    """Poll until the server's FIN has reached every idle connection of ``client`` (a
+    written request is never re-sent, so a test must not race it; fail_after bounds it)."""
+    while not all(c.readable() for conns in client._idle.values() for c in conns):
+        await trio.sleep(0.01)
 
 
 def ok(body: bytes, extra: bytes = b"") -> bytes:
@@ -120,38 +129,90 @@ async def test_server_closing_idle_connection_is_not_reused(nursery: trio.Nurser
             for _ in range(3):
                 r = await client.post(url + "/x", b"{}", JSON, timeout=5)
                 assert (r.status, r.body) == (200, b"fine")
-                await trio.sleep(0.05)  # let the server's FIN arrive
+                await idle_connections_closed_by_server(client)
     assert accepted == 3
 
 
-async def test_stale_connection_race_retries_once_on_a_fresh_one(
-    nursery: trio.Nursery,
-) -> None:
-    """The server reads the second request on a kept-alive connection, then hangs up
-    without answering (it closed the idle connection as the request arrived): the client
-    sends it once more on a fresh connection."""
-    requests_per_conn: list[int] = []
+async def test_request_read_then_dropped_is_not_sent_again(nursery: trio.Nursery) -> None:
+    """The gateway reads the whole second request on a kept-alive connection, then hangs up
+    without answering. It may be running it: the client must not send it again (it used to,
+    on a fresh connection, taking this for the keep-alive race)."""
+    arrivals: list[int] = []  # per connection, requests read in full
 
     async def handler(stream: trio.SocketStream) -> None:
         async with stream:
             buf = bytearray()
-            seen = 0
-            requests_per_conn.append(0)
-            idx = len(requests_per_conn) - 1
+            arrivals.append(0)
+            idx = len(arrivals) - 1
             while await read_request(stream, buf) is not None:
-                seen += 1
-                requests_per_conn[idx] = seen
-                if seen == 2 and idx == 0:
-                    return  # hang up without answering
-                await stream.send_all(ok(b"n%d" % seen))
+                arrivals[idx] += 1
+                if arrivals[idx] == 2:
+                    return  # read it all, then hang up without answering
+                await stream.send_all(ok(b"n%d" % arrivals[idx]))
 
     with trio.fail_after(TIMEOUT):
         url = await start_raw(nursery, handler)
         async with HttpClient(max_connections=1) as client:
             assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"n1"
-            assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"n1"
+            with pytest.raises(RemoteProtocolError, match="without a response") as info:
+                await client.post(url, b"{}", JSON, timeout=5)
+            assert isinstance(info.value, NoResponse)
+            assert client.connections_opened == 1
+            assert client.idle_count() == 0
+    assert arrivals == [2]  # one arrival per request: nothing was sent twice
+
+
+async def test_idle_connection_closed_by_server_is_replaced_before_writing(
+    nursery: trio.Nursery,
+) -> None:
+    """The server closes a kept-alive connection while it is idle (its keep-alive timeout):
+    the client sees the EOF before writing, and sends the request once, on a fresh
+    connection."""
+    arrivals: list[int] = []
+    closed = trio.Event()
+
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            buf = bytearray()
+            arrivals.append(0)
+            idx = len(arrivals) - 1
+            while await read_request(stream, buf) is not None:
+                arrivals[idx] += 1
+                await stream.send_all(ok(b"c%d" % idx))
+                if idx == 0:
+                    break  # close the idle connection after its first exchange
+        if idx == 0:
+            closed.set()
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"c0"
+            assert client.idle_count() == 1
+            await closed.wait()
+            await idle_connections_closed_by_server(client)
+            assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"c1"
             assert client.connections_opened == 2
-    assert requests_per_conn == [2, 1]
+    assert arrivals == [1, 1]
+
+
+async def test_idle_connection_past_its_expiry_is_not_reused(nursery: trio.Nursery) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            buf = bytearray()
+            while await read_request(stream, buf) is not None:
+                await stream.send_all(ok(b"fine"))
+
+    assert HttpClient(max_connections=1).keepalive_expiry == KEEPALIVE_EXPIRY_SECONDS == 1.5
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1, keepalive_expiry=1.0) as client:
+            await client.post(url, b"{}", JSON, timeout=5)
+            await client.post(url, b"{}", JSON, timeout=5)  # at once: reused
+            assert client.connections_opened == 1
+            await trio.sleep(1.1)  # older than keepalive_expiry now
+            await client.post(url, b"{}", JSON, timeout=5)
+            assert client.connections_opened == 2
 
 
 async def test_fresh_connection_closed_without_response_is_an_error(
