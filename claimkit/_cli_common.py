@@ -16,7 +16,7 @@ import typer
 
 from ._config import Config, ConfigError, load_config
 from ._producer import SubmitError
-from ._store import StoreError, StoreUnavailable, redact_url
+from ._store import StoreError, StorePermissionError, StoreUnavailable, redact_url
 
 T = TypeVar("T")
 
@@ -99,6 +99,8 @@ def run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
             raise
         if isinstance(found, StoreUnavailable):
             fail(f"Redis at {redact_url(url)} is unavailable: {found}")
+        if isinstance(found, StorePermissionError):
+            fail(f"Redis at {redact_url(url)} refused a command under its ACL: {found}")
         if isinstance(found, StoreError):
             fail(f"Redis at {redact_url(url)} {_auth_hint(str(found))}: {found}")
         fail(str(found))

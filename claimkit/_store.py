@@ -21,7 +21,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 if TYPE_CHECKING:
     from ._scripts import Script
@@ -31,6 +31,7 @@ __all__ = [
     "ScriptCall",
     "Store",
     "StoreError",
+    "StorePermissionError",
     "StoreUnavailable",
     "open_store",
     "redact_url",
@@ -49,6 +50,36 @@ class StoreUnavailable(ConnectionError):
 
 class StoreError(RuntimeError):
     """Redis answered with an error; retrying the same call will not help."""
+
+
+class StorePermissionError(StoreError):
+    """Redis refused a command under the connection's ACL user (``NOPERM``).
+
+    ``str(err)`` is one line naming the user, the command and, where Redis's ``ACL LOG``
+    could be read (or the command has one key), the key; it ends with Redis's own text.
+
+    Attributes:
+        user: the ACL user of the connection (``"default"`` when the URL names none).
+        command: the refused command, upper case (``"MULTI"``, ``"EVALSHA"``, ``"SET"``).
+        key: the refused key when known, else ``None`` (a command refusal has none).
+        written: whether the call may have written anything (``False`` for a refused
+            transaction: claimkit sends ``MULTI`` alone first and stops when it is refused).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        user: str,
+        command: str,
+        key: str | None = None,
+        written: bool = True,
+    ) -> None:
+        super().__init__(message)
+        self.user = user
+        self.command = command
+        self.key = key
+        self.written = written
 
 
 class Store(Protocol):
@@ -177,6 +208,160 @@ _NUMERIC_QUERY: dict[str, type[int] | type[float]] = {
     "socket_timeout": float,
     "socket_connect_timeout": float,
 }
+
+
+# -- ACL refusals ------------------------------------------------------------------------
+
+# Redis 7.0 says "NOPERM this user has no permissions to run the 'x' command" / "... to
+# access one of the keys used as arguments"; 7.2+ "NOPERM User u has no permissions to run
+# the 'x' command" / "NOPERM No permissions to access a key". Inside a script 7.0 says
+# "ERR The user executing the script can't run this command ..." and 7.2+ "ERR ACL failure
+# in script: ...".
+_ACL_MARKS = (
+    "NOPERM",
+    "The user executing the script can't",
+    "ACL failure in script",
+)
+_REFUSED_COMMAND = re.compile(r"permissions to run the '([^']+)' command")
+_IN_SCRIPT = ("The user executing the script can't", "ACL failure in script")
+_NO_KEYS = frozenset(
+    {"TIME", "MULTI", "EXEC", "DISCARD", "PING", "INFO", "ACL", "SCRIPT", "CLIENT", "CONFIG"}
+)
+_ALL_KEYS = frozenset({"DEL", "UNLINK", "EXISTS", "MGET", "TOUCH", "WATCH"})
+_TWO_KEYS = frozenset({"BLMOVE", "LMOVE", "RPOPLPUSH", "BRPOPLPUSH", "SMOVE", "RENAME"})
+ACL_LOG_ENTRIES = 32
+"""How many of Redis's newest ``ACL LOG`` entries a refusal is looked up in."""
+
+
+def is_acl_refusal(message: str) -> bool:
+    """Whether a Redis error text is an ACL refusal (a command, a key or a channel)."""
+    return any(mark in message for mark in _ACL_MARKS)
+
+
+def command_keys(args: Sequence[Arg]) -> list[str]:
+    """The key arguments of a command claimkit sends (``EVALSHA sha 2 k1 k2 ...`` ->
+    ``[k1, k2]``; ``ZADD q ...`` -> ``[q]``; ``TIME`` -> ``[]``)."""
+    if not args:
+        return []
+    name = str(args[0]).upper()
+    rest = [a.decode(errors="replace") if isinstance(a, bytes) else str(a) for a in args[1:]]
+    if name in ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO"):
+        try:
+            return rest[2 : 2 + int(rest[1])]
+        except (IndexError, ValueError):
+            return []
+    if name in _NO_KEYS:
+        return []
+    if name in _ALL_KEYS:
+        return rest
+    if name in _TWO_KEYS:
+        return rest[:2]
+    return rest[:1]
+
+
+def acl_user(url: str) -> str:
+    """The ACL user a Redis URL authenticates as (``"default"`` when it names none)."""
+    try:
+        return unquote(urlsplit(url).username or "") or "default"
+    except ValueError:
+        return "default"
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _entries(reply: Any) -> list[dict[str, str]]:
+    """``ACL LOG`` entries as ``{field: text}`` (RESP3 maps or RESP2 flat lists)."""
+    out: list[dict[str, str]] = []
+    for entry in reply if isinstance(reply, list) else ():
+        if isinstance(entry, dict):
+            pairs = list(entry.items())
+        elif isinstance(entry, list):
+            pairs = list(zip(entry[::2], entry[1::2], strict=False))
+        else:
+            continue
+        out.append({_text(k): _text(v) for k, v in pairs})
+    return out
+
+
+async def permission_error(
+    message: str,
+    commands: Sequence[Sequence[Arg]],
+    *,
+    user: str,
+    acl_log: Callable[[], Awaitable[Any]],
+    written: bool = True,
+    script_name: str | None = None,
+) -> StorePermissionError:
+    """Turn Redis's ACL refusal ``message`` of one of ``commands`` into one precise line.
+
+    A refused command is named by Redis itself. A refused key is not: it is looked up in
+    ``ACL LOG`` (``acl_log`` runs ``ACL LOG <n>``): the newest entry of ``user`` whose key
+    is one of the keys ``commands`` sent. When that lookup is refused too (a narrow user
+    seldom may run ``ACL LOG``) the line names the command and the keys it sent.
+
+    Args:
+        message: Redis's error text.
+        commands: what was sent (each ``(name, *args)``); the refused one first, when known.
+        user: the connection's ACL user.
+        acl_log: runs ``ACL LOG``; any error it raises is taken as "cannot look it up".
+        written: whether the call may have written anything.
+        script_name: the claimkit script the commands ran, for the line.
+    """
+    first = str(commands[0][0]).upper() if commands else "?"
+    in_script = any(mark in message for mark in _IN_SCRIPT)
+    where = f" in script {script_name!r}" if script_name and in_script else ""
+    command, key = first, None
+    refused = _REFUSED_COMMAND.search(message)
+    keys = list(dict.fromkeys(k for c in commands for k in command_keys(c)))
+    if refused is not None:
+        command = refused.group(1).upper()
+        via = f" (sent as {first}{where})" if command != first else where
+        line = f"user {user!r} may not run {command}{via}: grant +{refused.group(1).lower()}"
+    else:
+        entry = await _log_entry(acl_log, user, keys, in_script)
+        if entry is not None and entry.get("reason") == "command":
+            command = entry.get("object", "?").upper()
+            line = (
+                f"user {user!r} may not run {command}{where or ' in a script'}: "
+                f"grant +{command.lower()}"
+            )
+        elif entry is not None or len(keys) == 1:
+            key = entry["object"] if entry is not None else keys[0]
+            line = f"user {user!r} may not access key {key!r} with {first}{where}"
+            line += ": grant a ~pattern matching it"
+        else:
+            shown = ", ".join(map(repr, keys)) or "none"
+            line = (
+                f"user {user!r} may not access one of the keys of {first}{where} ({shown}; "
+                "ACL LOG, which names it, is refused too): grant ~patterns matching them"
+            )
+    line += f" (Redis: {message.strip()})"
+    if not written:
+        line += "; nothing was written"
+    line += "; `claimkit acl` prints the rule claimkit needs (docs/security.md)"
+    return StorePermissionError(line, user=user, command=command, key=key, written=written)
+
+
+async def _log_entry(
+    acl_log: Callable[[], Awaitable[Any]], user: str, keys: list[str], in_script: bool
+) -> dict[str, str] | None:
+    """The newest ``ACL LOG`` entry of ``user`` that names one of ``keys`` (or, for a
+    refusal inside a script, a command refused there); ``None`` when there is none or the
+    log cannot be read (a narrow user seldom may run ``ACL LOG``)."""
+    try:
+        log = _entries(await acl_log())
+    except Exception:
+        return None
+    for entry in log:
+        if entry.get("username") != user:
+            continue
+        if entry.get("reason") == "key" and entry.get("object") in keys:
+            return entry
+        if in_script and entry.get("reason") == "command" and entry.get("context") == "lua":
+            return entry
+    return None
 
 
 async def run_pipelined(
