@@ -224,6 +224,8 @@ _ACL_MARKS = (
 )
 _REFUSED_COMMAND = re.compile(r"permissions to run the '([^']+)' command")
 _IN_SCRIPT = ("The user executing the script can't", "ACL failure in script")
+_SCRIPT_COMMAND = ("can't run this command", "permissions to run")
+_SCRIPT_LINE = re.compile(r"@user_script:(\d+)")
 _NO_KEYS = frozenset(
     {"TIME", "MULTI", "EXEC", "DISCARD", "PING", "INFO", "ACL", "SCRIPT", "CLIENT", "CONFIG"}
 )
@@ -311,7 +313,7 @@ async def permission_error(
     """
     first = str(commands[0][0]).upper() if commands else "?"
     in_script = any(mark in message for mark in _IN_SCRIPT)
-    where = f" in script {script_name!r}" if script_name and in_script else ""
+    where = _script_place(message, script_name) if in_script else ""
     command, key = first, None
     refused = _REFUSED_COMMAND.search(message)
     keys = list(dict.fromkeys(k for c in commands for k in command_keys(c)))
@@ -326,6 +328,11 @@ async def permission_error(
             line = (
                 f"user {user!r} may not run {command}{where or ' in a script'}: "
                 f"grant +{command.lower()}"
+            )
+        elif in_script and any(mark in message for mark in _SCRIPT_COMMAND):
+            line = (
+                f"user {user!r} may not run a command{where or ' in a script'} (ACL LOG, "
+                "which names it, is refused too): grant it"
             )
         elif entry is not None or len(keys) == 1:
             key = entry["object"] if entry is not None else keys[0]
@@ -342,6 +349,24 @@ async def permission_error(
         line += "; nothing was written"
     line += "; `claimkit acl` prints the rule claimkit needs (docs/security.md)"
     return StorePermissionError(line, user=user, command=command, key=key, written=written)
+
+
+def _script_place(message: str, script_name: str | None) -> str:
+    """`` in script 'claim' (line 54: redis.call(...))`` from a script error's line number."""
+    if not script_name:
+        return ""
+    place = f" in script {script_name!r}"
+    found = _SCRIPT_LINE.search(message)
+    if found is None:
+        return place
+    from ._scripts import script
+
+    try:
+        lines = script(script_name).source.splitlines()
+        text = lines[int(found.group(1)) - 1].strip()
+    except (KeyError, IndexError, ValueError):
+        return place
+    return f"{place} (line {found.group(1)}: {text})"
 
 
 async def _log_entry(
