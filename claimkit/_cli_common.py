@@ -16,7 +16,14 @@ import typer
 
 from ._config import Config, ConfigError, load_config
 from ._producer import SubmitError
-from ._store import StoreError, StorePermissionError, StoreUnavailable, redact_url
+from ._store import (
+    CLIENT_CERT_HINT,
+    StoreError,
+    StorePermissionError,
+    StoreTlsError,
+    StoreUnavailable,
+    redact_url,
+)
 
 T = TypeVar("T")
 
@@ -98,7 +105,12 @@ def run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
         if found is None:
             raise
         if isinstance(found, StoreUnavailable):
-            fail(f"Redis at {redact_url(url)} is unavailable: {found}")
+            hint = ""
+            if url.startswith("rediss://") and "ssl_certfile=" not in url:
+                hint = f" ({CLIENT_CERT_HINT})"
+            fail(f"Redis at {redact_url(url)} is unavailable: {found}{hint}")
+        if isinstance(found, StoreTlsError):
+            fail(f"Redis at {redact_url(url)}: {found} (docs/security.md)")
         if isinstance(found, StorePermissionError):
             fail(f"Redis at {redact_url(url)} refused a command under its ACL: {found}")
         if isinstance(found, StoreError):

@@ -17,8 +17,10 @@ kinds only, so callers can decide without knowing the client library:
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -32,6 +34,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StorePermissionError",
+    "StoreTlsError",
     "StoreUnavailable",
     "open_store",
     "redact_url",
@@ -50,6 +53,11 @@ class StoreUnavailable(ConnectionError):
 
 class StoreError(RuntimeError):
     """Redis answered with an error; retrying the same call will not help."""
+
+
+class StoreTlsError(StoreError):
+    """The TLS handshake with Redis failed over a certificate (or TLS itself): retrying
+    will not help. ``str(err)`` says which problem and what to pass (docs/security.md)."""
 
 
 class StorePermissionError(StoreError):
@@ -208,6 +216,118 @@ _NUMERIC_QUERY: dict[str, type[int] | type[float]] = {
     "socket_timeout": float,
     "socket_connect_timeout": float,
 }
+
+
+# -- TLS -------------------------------------------------------------------------------
+
+# OpenSSL's verify codes (X509_V_ERR_*) for a server certificate the client refused.
+_UNTRUSTED = {2, 18, 19, 20, 21, 27}
+_CA_HINT = "pass the CA that signed it with ?ssl_ca_certs=<ca.pem>"
+_CLIENT_CERT_HINT = "pass one with ?ssl_certfile=<cert.pem>&ssl_keyfile=<key.pem>"
+# OpenSSL's reasons for a handshake the server ended with an alert.
+_CERT_REQUIRED = f"the server requires a client certificate: {_CLIENT_CERT_HINT}"
+_ALERTS = {
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": _CERT_REQUIRED,
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": _CERT_REQUIRED,
+    "SSLV3_ALERT_BAD_CERTIFICATE": "the server refused this client's certificate (bad certificate)",
+    "TLSV1_ALERT_UNKNOWN_CA": "the server does not trust the CA of this client's certificate",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "the server refused this client's certificate: expired",
+    "WRONG_VERSION_NUMBER": "the server does not speak TLS on this port (plain: use redis://)",
+}
+CLIENT_CERT_HINT = (
+    "a rediss:// server that requires client certificates (tls-auth-clients yes) drops a "
+    f"client without one like this: {_CLIENT_CERT_HINT}"
+)
+"""Said with a lost connection to a ``rediss://`` URL that names no client certificate:
+under TLS 1.3 the server's alert may be lost in the reset that follows it."""
+_log = logging.getLogger("claimkit")
+_WARNED: set[str] = set()
+
+
+def tls_settings(url: str) -> str:
+    """``url`` with claimkit's TLS defaults made explicit, warning once per URL (one
+    ``WARNING`` log line) when it turns verification off.
+
+    For ``rediss://`` both clients then verify the server's certificate and host name:
+    ``ssl_cert_reqs=required`` and ``ssl_check_hostname=true`` unless the URL says
+    otherwise (coredis's own defaults verify neither the host name nor a missing
+    certificate). Other URLs are returned as they are.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        return url
+    query = {k.lower(): v[-1].lower() for k, v in parse_qs(parts.query).items()}
+    reqs = query.get("ssl_cert_reqs")
+    off = []
+    if reqs in ("none", "cert_none", "optional", "cert_optional"):
+        off.append(f"ssl_cert_reqs={reqs} turns certificate verification off")
+    if query.get("ssl_check_hostname") in ("false", "0", "no", "n", "off"):
+        off.append("ssl_check_hostname=false turns the host-name check off")
+    if off and url not in _WARNED:
+        _WARNED.add(url)
+        _log.warning(
+            "%s for %s: anyone on the network path can pose as this Redis; pass the "
+            "server's CA with ?ssl_ca_certs=<ca.pem> instead (docs/security.md)",
+            " and ".join(off),
+            redact_url(url),
+        )
+    extra = []
+    if reqs is None:
+        extra.append("ssl_cert_reqs=required")
+        reqs = "required"
+    if "ssl_check_hostname" not in query and reqs in ("required", "cert_required"):
+        extra.append("ssl_check_hostname=true")
+    if not extra:
+        return url
+    joined = "&".join(extra)
+    return parts._replace(query=f"{parts.query}&{joined}" if parts.query else joined).geturl()
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and everything it was raised from, inside exception groups too."""
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo += [current.__cause__, current.__context__]
+        if isinstance(current, BaseExceptionGroup):
+            todo += list(current.exceptions)
+
+
+def tls_problem(exc: BaseException) -> str | None:
+    """One line naming the certificate (or TLS) problem behind a failed connection, or
+    ``None`` when ``exc`` was not caused by one."""
+    for cause in _causes(exc):
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            code, text = cause.verify_code, cause.verify_message
+            if code in _UNTRUSTED:
+                return (
+                    "TLS certificate problem: the server's certificate is not signed by a CA "
+                    f"this client trusts ({text}): {_CA_HINT}"
+                )
+            if code == 62 or "Hostname mismatch" in str(text) or "IP address mismatch" in str(text):
+                return (
+                    "TLS certificate problem: the server's certificate is not valid for the "
+                    f"URL's host ({text}): connect by a name the certificate holds"
+                )
+            if code == 10:
+                return f"TLS certificate problem: the server's certificate has expired ({text})"
+            if code == 9:
+                return (
+                    f"TLS certificate problem: the server's certificate is not yet valid ({text})"
+                )
+            return f"TLS certificate problem: the server's certificate was refused ({text})"
+        if isinstance(cause, ssl.SSLError):
+            reason = str(cause.reason or "")
+            explained = _ALERTS.get(reason)
+            if explained is not None:
+                return f"TLS problem: {explained} ({reason})"
+            return f"TLS handshake failed: {cause}"
+    return None
 
 
 # -- ACL refusals ------------------------------------------------------------------------
@@ -437,13 +557,14 @@ async def open_store(
         ValueError: a malformed URL or an unknown backend, before anything connects.
     """
     check_url(url)
+    shown, url = url, tls_settings(url)
     if backend == "coredis":
         from ._store_coredis import open_coredis_store
 
         # coredis runs its pool in a task group, which wraps anything raised in the block
         # in an ExceptionGroup. That group is an implementation detail: unwrap a lone error.
         try:
-            async with open_coredis_store(url, timeout=timeout) as store:
+            async with open_coredis_store(url, timeout=timeout, shown=shown) as store:
                 yield store
         except BaseExceptionGroup as group:
             if len(group.exceptions) == 1 and not isinstance(
@@ -454,7 +575,7 @@ async def open_store(
     elif backend == "redispy":
         from ._store_redispy import open_redispy_store
 
-        async with open_redispy_store(url, timeout=timeout) as store:
+        async with open_redispy_store(url, timeout=timeout, shown=shown) as store:
             yield store
     else:
         raise ValueError(f"unknown store backend {backend!r}: use 'coredis' or 'redispy'")

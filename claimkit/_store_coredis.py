@@ -18,6 +18,7 @@ from ._store import (
     ScriptCall,
     StoreError,
     StorePermissionError,
+    StoreTlsError,
     StoreUnavailable,
     acl_user,
     check_keys,
@@ -25,6 +26,7 @@ from ._store import (
     permission_error,
     redact_url,
     run_pipelined,
+    tls_problem,
 )
 
 if TYPE_CHECKING:
@@ -45,6 +47,9 @@ def _message(exc: BaseException) -> str:
 def _translate(exc: BaseException) -> BaseException:
     """A coredis error as :class:`StoreUnavailable` or :class:`StoreError`; others as is."""
     if isinstance(exc, cx.ConnectionError | cx.ReadOnlyError | TimeoutError | OSError):
+        problem = tls_problem(exc)
+        if problem is not None:
+            return StoreTlsError(problem)
         return StoreUnavailable(str(exc) or type(exc).__name__)
     if isinstance(exc, cx.RedisError):
         if "LOADING" in str(exc) or "MASTERDOWN" in str(exc):
@@ -217,7 +222,9 @@ class CoredisStore:
 
 
 @asynccontextmanager
-async def open_coredis_store(url: str, *, timeout: float) -> AsyncIterator[CoredisStore]:
+async def open_coredis_store(
+    url: str, *, timeout: float, shown: str | None = None
+) -> AsyncIterator[CoredisStore]:
     client: coredis.Redis[bytes] = coredis.Redis.from_url(
         url,
         decode_responses=False,
@@ -231,4 +238,4 @@ async def open_coredis_store(url: str, *, timeout: float) -> AsyncIterator[Cored
     # Entering the client starts its pool's background task group; a Redis that is down at
     # start-up is not an error here: the first command reports it.
     async with client:
-        yield CoredisStore(client, url)
+        yield CoredisStore(client, shown or url)

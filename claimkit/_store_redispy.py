@@ -37,6 +37,7 @@ from ._store import (
     ScriptCall,
     StoreError,
     StorePermissionError,
+    StoreTlsError,
     StoreUnavailable,
     acl_user,
     check_keys,
@@ -44,6 +45,7 @@ from ._store import (
     permission_error,
     redact_url,
     run_pipelined,
+    tls_problem,
 )
 
 if TYPE_CHECKING:
@@ -129,6 +131,9 @@ class RedispyStore:
             # Subclasses of redis-py's ConnectionError, but a retry will not fix a password.
             raise StoreError(_message(exc)) from exc
         except (x.ConnectionError, x.TimeoutError, x.ReadOnlyError, TimeoutError, OSError) as exc:
+            problem = tls_problem(exc)
+            if problem is not None:
+                raise StoreTlsError(problem) from exc
             # BusyLoadingError (LOADING) is a ConnectionError; READONLY means we reached a
             # replica during a failover: both pass with time.
             raise StoreUnavailable(_message(exc)) from exc
@@ -317,6 +322,7 @@ async def open_redispy_store(
     url: str,
     *,
     timeout: float,
+    shown: str | None = None,
 ) -> AsyncIterator[RedispyStore]:
     """Open a redis-py store on ``url``, inside a trio-asyncio loop of its own.
 
@@ -324,6 +330,8 @@ async def open_redispy_store(
 
     Args:
         url: a Redis URL, already checked by :func:`claimkit._store.check_url`.
+        shown: the URL as the user gave it (``url`` with claimkit's TLS defaults added
+            is what connects), for :attr:`RedispyStore.url`.
         timeout: seconds allowed for connecting and for each reply (a blocking command's
             own timeout must stay under it). No retries: a failed call raises at once.
 
@@ -354,7 +362,7 @@ async def open_redispy_store(
 
         client = await modules.trio_asyncio.aio_as_trio(make_client, loop=loop)()
         try:
-            yield RedispyStore(client, loop, modules, url)
+            yield RedispyStore(client, loop, modules, shown or url)
         finally:
             # A connection that broke already may fail to close: nothing is left to free.
             with (
