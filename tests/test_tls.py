@@ -71,20 +71,14 @@ def free_port() -> int:
 def tls_redis(factory: RedisFactory, certs: Certs, *, auth_clients: bool) -> int:
     """A redis-server with a TLS port (its plain port stays for the fixture's probes)."""
     port = free_port()
-    factory(
-        extra_args=[
-            "--tls-port",
-            str(port),
-            "--tls-cert-file",
-            str(certs.server_cert),
-            "--tls-key-file",
-            str(certs.server_key),
-            "--tls-ca-cert-file",
-            str(certs.ca),
-            "--tls-auth-clients",
-            "yes" if auth_clients else "no",
-        ]  # fmt: skip
-    )
+    tls = {
+        "--tls-port": str(port),
+        "--tls-cert-file": str(certs.server_cert),
+        "--tls-key-file": str(certs.server_key),
+        "--tls-ca-cert-file": str(certs.ca),
+        "--tls-auth-clients": "yes" if auth_clients else "no",
+    }
+    factory(extra_args=[arg for pair in tls.items() for arg in pair])
     return port
 
 
