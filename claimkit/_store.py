@@ -103,12 +103,29 @@ class Store(Protocol):
     """The Redis URL with any password replaced by ``***``: safe to print."""
 
     async def command(self, *args: Arg) -> Any:
-        """Run one command, e.g. ``await store.command("ZCARD", "q")``; the raw reply."""
+        """Run one command, e.g. ``await store.command("ZCARD", "q")``; the raw reply.
+
+        An ACL refusal raises :class:`StorePermissionError` naming the user, the command
+        and (from ``ACL LOG`` when the user may read it) the key; a failed TLS handshake
+        raises :class:`StoreTlsError` naming the certificate problem."""
         ...
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
         """Send several commands in one round trip; ``transaction=True`` wraps them in
-        MULTI/EXEC. Returns one raw reply per command, in order."""
+        MULTI/EXEC. Returns one raw reply per command, in order.
+
+        A transaction costs two round trips on one connection: ``MULTI`` goes alone first,
+        so that a refused ``MULTI`` (an ACL without ``+multi``) cannot make the commands run
+        one by one outside it. A refused ``MULTI``, a command refused while queueing
+        (``EXECABORT``) and a refused ``EXEC`` all run nothing: they raise
+        :class:`StorePermissionError` (``written=False``) or :class:`StoreError` saying
+        "nothing was written". A command that fails once ``EXEC`` ran (``WRONGTYPE``)
+        raises too, and the others ran: Redis has no rollback.
+
+        Raises:
+            StorePermissionError: the ACL refused a command (named, with its key if known).
+            StoreError, StoreUnavailable: as for :meth:`command`.
+        """
         ...
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:

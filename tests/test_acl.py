@@ -24,6 +24,7 @@ from claimkit._acl import acl_rule
 from claimkit._cli import app
 from claimkit._config import load_config
 from claimkit._models import Envelope, parse_member
+from claimkit._producer import Producer
 from claimkit._protocol import QueueOps
 from claimkit._redis_server import RedisServer
 from claimkit._store import Store, StorePermissionError, open_store
@@ -374,3 +375,26 @@ def test_rule_keys_come_from_the_key_builder() -> None:
     assert "budget:requests" in consumer.keys
     assert {"evalsha", "eval", "hset", "zadd"} <= set(consumer.commands)
     assert "multi" not in consumer.commands
+
+
+@pytest.mark.parametrize("backend", ["coredis", "redispy"])
+def test_a_refused_multi_writes_nothing_on_either_backend(
+    acl_redis: AclRedis, backend: str
+) -> None:
+    async def main() -> None:
+        with trio.fail_after(30):
+            async with open_store(acl_redis.user_url("nomulti"), backend=backend) as store:
+                producer = Producer(store, Q)
+                with pytest.raises(StorePermissionError) as caught:
+                    await store.pipeline([("SET", "k", "v"), ("ZADD", Q, 1, "m")], transaction=True)
+                assert (caught.value.command, caught.value.written) == ("MULTI", False)
+                assert str(caught.value).startswith(
+                    "user 'nomulti' may not run MULTI: grant +multi"
+                )
+                # The producer's own checks pass (+time +type), then the transaction is refused.
+                with pytest.raises(StorePermissionError, match="nothing was written"):
+                    await producer.submit({"id": "r1", "deadline": int(time.time()) + 600})
+
+    acl_redis.setuser("nomulti", "resetkeys -@all +exec +set +get +zadd +del +time +type ~*")
+    trio.run(main)
+    assert redis(acl_redis.admin, snapshot) == {}
