@@ -35,7 +35,7 @@ ROLES = ("consumer", "producer", "operator")
 # and writes; claimkit never sends them when a role has no transaction.
 _COMMANDS: dict[str, tuple[str, ...]] = {
     # serve: key-type preflight, peek, backlog gauge, the redis gate's budget, scripts.
-    "consumer": tuple("EVALSHA EVAL TYPE ZRANGE ZCARD GET TIME".split()),
+    "consumer": tuple("EVALSHA EVAL TYPE ZRANGE ZCARD GET".split()),
     # submit (TIME, TYPE, then DEL/SET/ZADD in MULTI/EXEC), cancel (TYPE, GET, SET),
     # results (RPOP, LRANGE; --follow: BLMOVE, LINDEX, LMOVE, DEL).
     "producer": tuple(

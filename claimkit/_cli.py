@@ -276,6 +276,7 @@ def acl(
         list[str] | None,
         typer.Option(
             "--role",
+            metavar="ROLE",
             help="consumer (serve), producer (submit, cancel, results) or operator; "
             "repeat for several (default: all three).",
             show_default=False,
@@ -283,13 +284,16 @@ def acl(
     ] = None,
     user: Annotated[
         str | None,
-        typer.Option(help="ACL user name (default: claimkit-<role>).", show_default=False),
+        typer.Option(
+            metavar="NAME", help="ACL user name (default: claimkit-<role>).", show_default=False
+        ),
     ] = None,
     queue: Annotated[
         list[str] | None,
         typer.Option(
             "--queue",
             "-q",
+            metavar="QUEUE",
             help="A queue the config does not list (repeatable).",
             show_default=False,
         ),
@@ -298,6 +302,7 @@ def acl(
         list[str] | None,
         typer.Option(
             "--result-list",
+            metavar="LIST",
             help="A result list requests route to themselves (repeatable).",
             show_default=False,
         ),
