@@ -21,6 +21,8 @@ from ._producer import SubmitError as SubmitError
 from ._protocol import QueueOps as QueueOps
 from ._store import Store as Store
 from ._store import StoreError as StoreError
+from ._store import StorePermissionError as StorePermissionError
+from ._store import StoreTlsError as StoreTlsError
 from ._store import StoreUnavailable as StoreUnavailable
 from ._store import open_store as open_store
 
@@ -38,6 +40,8 @@ __all__ = [
     "QueueOps",
     "Store",
     "StoreError",
+    "StorePermissionError",
+    "StoreTlsError",
     "StoreUnavailable",
     "Summary",
     "TerminalRecord",

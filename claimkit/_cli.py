@@ -270,6 +270,78 @@ def demo(
     raise typer.Exit(run_demo(requests=requests, keep=keep))
 
 
+@app.command("acl")
+def acl(
+    role: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--role",
+            metavar="ROLE",
+            help="consumer (serve), producer (submit, cancel, results) or operator; "
+            "repeat for several (default: all three).",
+            show_default=False,
+        ),
+    ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME", help="ACL user name (default: claimkit-<role>).", show_default=False
+        ),
+    ] = None,
+    queue: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--queue",
+            "-q",
+            metavar="QUEUE",
+            help="A queue the config does not list (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+    result_list: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--result-list",
+            metavar="LIST",
+            help="A result list requests route to themselves (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+    rule_only: Annotated[
+        bool, typer.Option("--rule-only", help="Print only the rule, for an ACL file.")
+    ] = False,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+) -> None:
+    """Print the narrowest Redis ACL rule each role needs for a config (docs/security.md).
+
+    One `ACL SETUSER` line per role: the commands it sends (its Lua scripts' included) and
+    a ~pattern for every key the config makes it touch. Connects to nothing. Add the
+    password yourself (`>password` in the line, or `user ... >password <rule>` in an ACL
+    file).
+
+    Example:
+
+        claimkit acl --role consumer --transport-config-file transport.json
+    """
+    from ._acl import ROLES, acl_rule
+
+    config = config_from(
+        transport_config,
+        transport_config_file,
+        None,
+        require_queues=False,
+        url="redis://claimkit-acl.invalid",
+    )
+    roles = role or list(ROLES)
+    for name in roles:
+        try:
+            rule = acl_rule(config, name, queues=queue or (), extra_lists=result_list or ())
+        except ValueError as exc:
+            fail(str(exc))
+        typer.echo(rule.rule() if rule_only else rule.setuser(user or f"claimkit-{name}"))
+
+
 def _register_operator_commands() -> None:
     try:
         from ._cli_ops import register

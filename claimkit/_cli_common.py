@@ -7,6 +7,7 @@ stderr and exit status 1, never a traceback. Passwords in Redis URLs are never p
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -14,9 +15,16 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import trio
 import typer
 
-from ._config import Config, ConfigError, load_config
+from ._config import Config, ConfigError, has_password, load_config
 from ._producer import SubmitError
-from ._store import StoreError, StoreUnavailable, redact_url
+from ._store import (
+    CLIENT_CERT_HINT,
+    StoreError,
+    StorePermissionError,
+    StoreTlsError,
+    StoreUnavailable,
+    redact_url,
+)
 
 T = TypeVar("T")
 
@@ -36,7 +44,8 @@ RedisUrl = Annotated[
     str | None,
     typer.Option(
         "--redis-url",
-        help="Redis URL when the JSON has no `url` (else $REDIS_URL).",
+        help="Redis URL when the JSON has no `url` (else $REDIS_URL or $REDIS_URL_FILE). "
+        "A password here shows in ps: use $REDIS_PASSWORD_FILE (docs/security.md).",
         show_default=False,
     ),
 ]
@@ -71,7 +80,29 @@ def config_from(
     for name in config.unknown_fields:
         # llm-d's JSON may carry fields for other transports: say so, but go on.
         sys.stderr.write(f"claimkit: warning: unknown config field {name!r} is ignored\n")
+    for flag in _secrets_in_argv(transport_config, redis_url):
+        sys.stderr.write(
+            f"claimkit: warning: {flag} holds a Redis password, which every user of this "
+            "machine can read (ps, /proc); pass the URL in $REDIS_URL or a file "
+            "($REDIS_URL_FILE, url_file) or the password in $REDIS_PASSWORD_FILE instead "
+            "(docs/security.md)\n"
+        )
     return config
+
+
+def _secrets_in_argv(transport_config: str | None, redis_url: str | None) -> list[str]:
+    """The command-line options that carry a Redis password."""
+    found = []
+    if transport_config is not None:
+        try:
+            url = json.loads(transport_config).get("url")
+        except (ValueError, AttributeError):
+            url = None
+        if isinstance(url, str) and has_password(url):
+            found.append("--transport-config")
+    if redis_url is not None and has_password(redis_url):
+        found.append("--redis-url")
+    return found
 
 
 _OPERATOR_ERRORS = (StoreUnavailable, StoreError, ConfigError, SubmitError)
@@ -98,7 +129,14 @@ def run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
         if found is None:
             raise
         if isinstance(found, StoreUnavailable):
-            fail(f"Redis at {redact_url(url)} is unavailable: {found}")
+            hint = ""
+            if url.startswith("rediss://") and "ssl_certfile=" not in url:
+                hint = f" ({CLIENT_CERT_HINT})"
+            fail(f"Redis at {redact_url(url)} is unavailable: {found}{hint}")
+        if isinstance(found, StoreTlsError):
+            fail(f"Redis at {redact_url(url)}: {found} (docs/security.md)")
+        if isinstance(found, StorePermissionError):
+            fail(f"Redis at {redact_url(url)} refused a command under its ACL: {found}")
         if isinstance(found, StoreError):
             fail(f"Redis at {redact_url(url)} {_auth_hint(str(found))}: {found}")
         fail(str(found))

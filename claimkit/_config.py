@@ -1,8 +1,11 @@
 """Configuration (SPEC §6): the llm-d-async ``redis-sortedset`` transport JSON plus flags.
 
 The JSON comes inline (``--transport-config``) or from a file (``--transport-config-file``);
-a flag applies only where the JSON does not set the field; ``url`` falls back to
-``$REDIS_URL``. Every mistake is reported as one :class:`ConfigError` line naming the field.
+a flag applies only where the JSON does not set the field. The Redis URL is the JSON's
+``url`` (or the file its ``url_file`` names), else ``--redis-url``, else ``$REDIS_URL``, else
+the file ``$REDIS_URL_FILE`` names; a URL without a password takes the one in the file
+``$REDIS_PASSWORD_FILE`` names, or ``$REDIS_PASSWORD`` (docs/security.md). Every mistake is
+reported as one :class:`ConfigError` line naming the field.
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from ._gates import check_gate_address, check_gate_params
 from ._store import check_url
@@ -108,7 +112,7 @@ _ZERO_IS_ZERO = {"max_deliveries", "result_dedup_ttl_seconds", "metrics_port", "
 _PORTS = {"metrics_port", "health_port"}
 
 
-_TOP_LEVEL = {"url", "result_queue_name", "retry_queue_name", "queues", *_NUMERIC}
+_TOP_LEVEL = {"url", "url_file", "result_queue_name", "retry_queue_name", "queues", *_NUMERIC}
 _QUEUE_FIELDS = {
     "queue_name",
     "id",
@@ -221,6 +225,50 @@ def _unknown_gate_params(i: int, raw: dict[str, Any]) -> list[str]:
     return [f"queues[{i}].gate_params.{k}" for k in names]
 
 
+def _secret_file(where: str, path: Any) -> str:
+    """The first line of the file ``path`` (a secret: a URL or a password), stripped."""
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{where} must be a non-empty file path")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {where} {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} {path} is not UTF-8 text") from None
+    lines = text.splitlines()
+    secret = lines[0].strip() if lines else ""
+    if not secret:
+        raise ConfigError(f"{where} {path} is empty")
+    return secret
+
+
+def _with_password(url: str, env: Mapping[str, str]) -> str:
+    """``url`` with the password of ``$REDIS_PASSWORD_FILE`` or ``$REDIS_PASSWORD`` put in,
+    when it has none of its own (the URL's own password wins; its user name is kept)."""
+    if env.get("REDIS_PASSWORD_FILE"):
+        password = _secret_file("$REDIS_PASSWORD_FILE", env["REDIS_PASSWORD_FILE"])
+    else:
+        password = env.get("REDIS_PASSWORD") or ""
+    parts = urlsplit(url)
+    if not password or parts.scheme == "unix" or has_password(url):
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{user}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def has_password(url: str) -> bool:
+    """Whether the Redis URL ``url`` carries a password (``user:pw@`` or ``?password=``)."""
+    try:
+        parts = urlsplit(url)
+        inline = parts.password
+    except ValueError:
+        return False
+    query = {k.lower() for k in parse_qs(parts.query)}
+    return bool(inline) or bool(query & {"password", "pass", "pwd"})
+
+
 def load_config(
     *,
     inline: str | None = None,
@@ -237,7 +285,8 @@ def load_config(
         flags: flag values by config field name (``claim_lease_ttl_seconds``, ``concurrency``,
             ``url``, ...); ``None`` values are ignored. A flag applies only where the JSON
             does not set the field.
-        environ: where ``REDIS_URL`` is looked up (default ``os.environ``).
+        environ: where ``REDIS_URL``, ``REDIS_URL_FILE``, ``REDIS_PASSWORD`` and
+            ``REDIS_PASSWORD_FILE`` are looked up (default ``os.environ``).
         require_queues: ``False`` for commands that work without queues (``results``).
 
     Raises:
@@ -273,7 +322,14 @@ def load_config(
     merged.update({k: v for k, v in raw.items() if v is not None})
 
     env = os.environ if environ is None else environ
-    url = merged.get("url") or env.get("REDIS_URL")
+    if raw.get("url") is not None and raw.get("url_file") is not None:
+        raise ConfigError("url and url_file are mutually exclusive: give one")
+    url = raw.get("url")
+    if url is None and raw.get("url_file") is not None:
+        url = _secret_file("url_file", raw["url_file"])
+    url = url or merged.get("url") or env.get("REDIS_URL")
+    if not url and env.get("REDIS_URL_FILE"):
+        url = _secret_file("$REDIS_URL_FILE", env["REDIS_URL_FILE"])
     if not url:
         raise ConfigError(
             "url is required: set it in the transport config, pass --redis-url or set REDIS_URL"
@@ -284,6 +340,7 @@ def load_config(
         check_url(url)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    url = _with_password(url, env)
 
     values: dict[str, Any] = {}
     for name in _NUMERIC:

@@ -93,7 +93,9 @@ async def drain_claims(
 
     Raises:
         ValueError: ``batch_size`` < 1.
-        StoreUnavailable, StoreError: from the store; batches already done stay done.
+        StoreUnavailable, StoreError: from the store; batches already done stay done. A
+            user without ``MULTI`` gets :class:`~claimkit._store.StorePermissionError` at
+            the first batch's read, before any claim is released.
 
     Cancellation: each batch is atomic in Redis; a cancelled drain leaves earlier batches
     released and later claims untouched. Running it again finishes the job.

@@ -71,7 +71,13 @@ def results_holding_list(result_list: str) -> str:
     """A fresh name for the one-record holding list of a ``claimkit results --follow``
     reader of ``result_list``: ``<list>:following:<16 hex>`` (claimkit addition). A suffix
     of the list's name, so a hash tag in it keeps both in one slot."""
-    return f"{result_list}:following:{secrets.token_hex(8)}"
+    return results_holding_prefix(result_list) + secrets.token_hex(8)
+
+
+def results_holding_prefix(result_list: str) -> str:
+    """What every holding list of ``result_list`` starts with (:func:`results_holding_list`;
+    ``claimkit acl`` grants ``~<prefix>*``)."""
+    return f"{result_list}:following:"
 
 
 def retry_dead(retry_set: str) -> str:

@@ -188,6 +188,9 @@ class Producer:
         Raises:
             SubmitError: a request is invalid (its position in ``index``), or the queue key
                 holds another Redis type; nothing was written.
+            StorePermissionError: the Redis user may not run ``MULTI``/``EXEC`` or one of the
+                commands or keys (``written`` is ``False``: nothing was written, so the call
+                can be retried once the ACL is fixed without submitting twice).
             StoreUnavailable, StoreError: from the store.
         """
         now_reply, kind = await self.store.pipeline(

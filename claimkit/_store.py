@@ -17,11 +17,13 @@ kinds only, so callers can decide without knowing the client library:
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 if TYPE_CHECKING:
     from ._scripts import Script
@@ -31,6 +33,8 @@ __all__ = [
     "ScriptCall",
     "Store",
     "StoreError",
+    "StorePermissionError",
+    "StoreTlsError",
     "StoreUnavailable",
     "open_store",
     "redact_url",
@@ -51,6 +55,41 @@ class StoreError(RuntimeError):
     """Redis answered with an error; retrying the same call will not help."""
 
 
+class StoreTlsError(StoreError):
+    """The TLS handshake with Redis failed over a certificate (or TLS itself): retrying
+    will not help. ``str(err)`` says which problem and what to pass (docs/security.md)."""
+
+
+class StorePermissionError(StoreError):
+    """Redis refused a command under the connection's ACL user (``NOPERM``).
+
+    ``str(err)`` is one line naming the user, the command and, where Redis's ``ACL LOG``
+    could be read (or the command has one key), the key; it ends with Redis's own text.
+
+    Attributes:
+        user: the ACL user of the connection (``"default"`` when the URL names none).
+        command: the refused command, upper case (``"MULTI"``, ``"EVALSHA"``, ``"SET"``).
+        key: the refused key when known, else ``None`` (a command refusal has none).
+        written: whether the call may have written anything (``False`` for a refused
+            transaction: claimkit sends ``MULTI`` alone first and stops when it is refused).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        user: str,
+        command: str,
+        key: str | None = None,
+        written: bool = True,
+    ) -> None:
+        super().__init__(message)
+        self.user = user
+        self.command = command
+        self.key = key
+        self.written = written
+
+
 class Store(Protocol):
     """A connection pool to one Redis, as claimkit needs it.
 
@@ -64,12 +103,29 @@ class Store(Protocol):
     """The Redis URL with any password replaced by ``***``: safe to print."""
 
     async def command(self, *args: Arg) -> Any:
-        """Run one command, e.g. ``await store.command("ZCARD", "q")``; the raw reply."""
+        """Run one command, e.g. ``await store.command("ZCARD", "q")``; the raw reply.
+
+        An ACL refusal raises :class:`StorePermissionError` naming the user, the command
+        and (from ``ACL LOG`` when the user may read it) the key; a failed TLS handshake
+        raises :class:`StoreTlsError` naming the certificate problem."""
         ...
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
         """Send several commands in one round trip; ``transaction=True`` wraps them in
-        MULTI/EXEC. Returns one raw reply per command, in order."""
+        MULTI/EXEC. Returns one raw reply per command, in order.
+
+        A transaction costs two round trips on one connection: ``MULTI`` goes alone first,
+        so that a refused ``MULTI`` (an ACL without ``+multi``) cannot make the commands run
+        one by one outside it. A refused ``MULTI``, a command refused while queueing
+        (``EXECABORT``) and a refused ``EXEC`` all run nothing: they raise
+        :class:`StorePermissionError` (``written=False``) or :class:`StoreError` saying
+        "nothing was written". A command that fails once ``EXEC`` ran (``WRONGTYPE``)
+        raises too, and the others ran: Redis has no rollback.
+
+        Raises:
+            StorePermissionError: the ACL refused a command (named, with its key if known).
+            StoreError, StoreUnavailable: as for :meth:`command`.
+        """
         ...
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
@@ -179,6 +235,297 @@ _NUMERIC_QUERY: dict[str, type[int] | type[float]] = {
 }
 
 
+# -- TLS -------------------------------------------------------------------------------
+
+# OpenSSL's verify codes (X509_V_ERR_*) for a server certificate the client refused.
+_UNTRUSTED = {2, 18, 19, 20, 21, 27}
+_CA_HINT = "pass the CA that signed it with ?ssl_ca_certs=<ca.pem>"
+_CLIENT_CERT_HINT = "pass one with ?ssl_certfile=<cert.pem>&ssl_keyfile=<key.pem>"
+# OpenSSL's reasons for a handshake the server ended with an alert.
+_CERT_REQUIRED = f"the server requires a client certificate: {_CLIENT_CERT_HINT}"
+_ALERTS = {
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": _CERT_REQUIRED,
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": _CERT_REQUIRED,
+    "SSLV3_ALERT_BAD_CERTIFICATE": "the server refused this client's certificate (bad certificate)",
+    "TLSV1_ALERT_UNKNOWN_CA": "the server does not trust the CA of this client's certificate",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "the server refused this client's certificate: expired",
+    "WRONG_VERSION_NUMBER": "the server does not speak TLS on this port (plain: use redis://)",
+}
+CLIENT_CERT_HINT = (
+    "a rediss:// server that requires client certificates (tls-auth-clients yes) drops a "
+    f"client without one like this: {_CLIENT_CERT_HINT}"
+)
+"""Said with a lost connection to a ``rediss://`` URL that names no client certificate:
+under TLS 1.3 the server's alert may be lost in the reset that follows it."""
+_log = logging.getLogger("claimkit")
+_WARNED: set[str] = set()
+
+
+def tls_settings(url: str) -> str:
+    """``url`` with claimkit's TLS defaults made explicit, warning once per URL (one
+    ``WARNING`` log line) when it turns verification off.
+
+    For ``rediss://`` both clients then verify the server's certificate and host name:
+    ``ssl_cert_reqs=required`` and ``ssl_check_hostname=true`` unless the URL says
+    otherwise (coredis's own defaults verify neither the host name nor a missing
+    certificate). Other URLs are returned as they are.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        return url
+    query = {k.lower(): v[-1].lower() for k, v in parse_qs(parts.query).items()}
+    reqs = query.get("ssl_cert_reqs")
+    off = []
+    if reqs in ("none", "cert_none", "optional", "cert_optional"):
+        off.append(f"ssl_cert_reqs={reqs} turns certificate verification off")
+    if query.get("ssl_check_hostname") in ("false", "0", "no", "n", "off"):
+        off.append("ssl_check_hostname=false turns the host-name check off")
+    if off and url not in _WARNED:
+        _WARNED.add(url)
+        _log.warning(
+            "%s for %s: anyone on the network path can pose as this Redis; pass the "
+            "server's CA with ?ssl_ca_certs=<ca.pem> instead (docs/security.md)",
+            " and ".join(off),
+            redact_url(url),
+        )
+    extra = []
+    if reqs is None:
+        extra.append("ssl_cert_reqs=required")
+        reqs = "required"
+    if "ssl_check_hostname" not in query and reqs in ("required", "cert_required"):
+        extra.append("ssl_check_hostname=true")
+    if not extra:
+        return url
+    joined = "&".join(extra)
+    return parts._replace(query=f"{parts.query}&{joined}" if parts.query else joined).geturl()
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and everything it was raised from, inside exception groups too."""
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo += [current.__cause__, current.__context__]
+        if isinstance(current, BaseExceptionGroup):
+            todo += list(current.exceptions)
+
+
+def tls_problem(exc: BaseException) -> str | None:
+    """One line naming the certificate (or TLS) problem behind a failed connection, or
+    ``None`` when ``exc`` was not caused by one."""
+    for cause in _causes(exc):
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            code, text = cause.verify_code, cause.verify_message
+            if code in _UNTRUSTED:
+                return (
+                    "TLS certificate problem: the server's certificate is not signed by a CA "
+                    f"this client trusts ({text}): {_CA_HINT}"
+                )
+            if code == 62 or "Hostname mismatch" in str(text) or "IP address mismatch" in str(text):
+                return (
+                    "TLS certificate problem: the server's certificate is not valid for the "
+                    f"URL's host ({text}): connect by a name the certificate holds"
+                )
+            if code == 10:
+                return f"TLS certificate problem: the server's certificate has expired ({text})"
+            if code == 9:
+                return (
+                    f"TLS certificate problem: the server's certificate is not yet valid ({text})"
+                )
+            return f"TLS certificate problem: the server's certificate was refused ({text})"
+        if isinstance(cause, ssl.SSLError):
+            reason = str(cause.reason or "")
+            explained = _ALERTS.get(reason)
+            if explained is not None:
+                return f"TLS problem: {explained} ({reason})"
+            return f"TLS handshake failed: {cause}"
+    return None
+
+
+# -- ACL refusals ------------------------------------------------------------------------
+
+# Redis 7.0 says "NOPERM this user has no permissions to run the 'x' command" / "... to
+# access one of the keys used as arguments"; 7.2+ "NOPERM User u has no permissions to run
+# the 'x' command" / "NOPERM No permissions to access a key". Inside a script 7.0 says
+# "ERR The user executing the script can't run this command ..." and 7.2+ "ERR ACL failure
+# in script: ...".
+_ACL_MARKS = (
+    "NOPERM",
+    "The user executing the script can't",
+    "ACL failure in script",
+)
+_REFUSED_COMMAND = re.compile(r"permissions to run the '([^']+)' command")
+_IN_SCRIPT = ("The user executing the script can't", "ACL failure in script")
+_SCRIPT_COMMAND = ("can't run this command", "permissions to run")
+_SCRIPT_LINE = re.compile(r"@user_script:(\d+)")
+_NO_KEYS = frozenset(
+    {"TIME", "MULTI", "EXEC", "DISCARD", "PING", "INFO", "ACL", "SCRIPT", "CLIENT", "CONFIG"}
+)
+_ALL_KEYS = frozenset({"DEL", "UNLINK", "EXISTS", "MGET", "TOUCH", "WATCH"})
+_TWO_KEYS = frozenset({"BLMOVE", "LMOVE", "RPOPLPUSH", "BRPOPLPUSH", "SMOVE", "RENAME"})
+ACL_LOG_ENTRIES = 32
+"""How many of Redis's newest ``ACL LOG`` entries a refusal is looked up in."""
+
+
+def is_acl_refusal(message: str) -> bool:
+    """Whether a Redis error text is an ACL refusal (a command, a key or a channel)."""
+    return any(mark in message for mark in _ACL_MARKS)
+
+
+def command_keys(args: Sequence[Arg]) -> list[str]:
+    """The key arguments of a command claimkit sends (``EVALSHA sha 2 k1 k2 ...`` ->
+    ``[k1, k2]``; ``ZADD q ...`` -> ``[q]``; ``TIME`` -> ``[]``)."""
+    if not args:
+        return []
+    name = str(args[0]).upper()
+    rest = [a.decode(errors="replace") if isinstance(a, bytes) else str(a) for a in args[1:]]
+    if name in ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO"):
+        try:
+            return rest[2 : 2 + int(rest[1])]
+        except (IndexError, ValueError):
+            return []
+    if name in _NO_KEYS:
+        return []
+    if name in _ALL_KEYS:
+        return rest
+    if name in _TWO_KEYS:
+        return rest[:2]
+    return rest[:1]
+
+
+def acl_user(url: str) -> str:
+    """The ACL user a Redis URL authenticates as (``"default"`` when it names none)."""
+    try:
+        return unquote(urlsplit(url).username or "") or "default"
+    except ValueError:
+        return "default"
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _entries(reply: Any) -> list[dict[str, str]]:
+    """``ACL LOG`` entries as ``{field: text}`` (RESP3 maps or RESP2 flat lists)."""
+    out: list[dict[str, str]] = []
+    for entry in reply if isinstance(reply, list) else ():
+        if isinstance(entry, dict):
+            pairs = list(entry.items())
+        elif isinstance(entry, list):
+            pairs = list(zip(entry[::2], entry[1::2], strict=False))
+        else:
+            continue
+        out.append({_text(k): _text(v) for k, v in pairs})
+    return out
+
+
+async def permission_error(
+    message: str,
+    commands: Sequence[Sequence[Arg]],
+    *,
+    user: str,
+    acl_log: Callable[[], Awaitable[Any]],
+    written: bool = True,
+    script_name: str | None = None,
+) -> StorePermissionError:
+    """Turn Redis's ACL refusal ``message`` of one of ``commands`` into one precise line.
+
+    A refused command is named by Redis itself. A refused key is not: it is looked up in
+    ``ACL LOG`` (``acl_log`` runs ``ACL LOG <n>``): the newest entry of ``user`` whose key
+    is one of the keys ``commands`` sent. When that lookup is refused too (a narrow user
+    seldom may run ``ACL LOG``) the line names the command and the keys it sent.
+
+    Args:
+        message: Redis's error text.
+        commands: what was sent (each ``(name, *args)``); the refused one first, when known.
+        user: the connection's ACL user.
+        acl_log: runs ``ACL LOG``; any error it raises is taken as "cannot look it up".
+        written: whether the call may have written anything.
+        script_name: the claimkit script the commands ran, for the line.
+    """
+    first = str(commands[0][0]).upper() if commands else "?"
+    in_script = any(mark in message for mark in _IN_SCRIPT)
+    where = _script_place(message, script_name) if in_script else ""
+    command, key = first, None
+    refused = _REFUSED_COMMAND.search(message)
+    keys = list(dict.fromkeys(k for c in commands for k in command_keys(c)))
+    if refused is not None:
+        command = refused.group(1).upper()
+        via = f" (sent as {first}{where})" if command != first else where
+        line = f"user {user!r} may not run {command}{via}: grant +{refused.group(1).lower()}"
+    else:
+        entry = await _log_entry(acl_log, user, keys, in_script)
+        if entry is not None and entry.get("reason") == "command":
+            command = entry.get("object", "?").upper()
+            line = (
+                f"user {user!r} may not run {command}{where or ' in a script'}: "
+                f"grant +{command.lower()}"
+            )
+        elif in_script and any(mark in message for mark in _SCRIPT_COMMAND):
+            line = (
+                f"user {user!r} may not run a command{where or ' in a script'} (ACL LOG, "
+                "which names it, is refused too): grant it"
+            )
+        elif entry is not None or len(keys) == 1:
+            key = entry["object"] if entry is not None else keys[0]
+            line = f"user {user!r} may not access key {key!r} with {first}{where}"
+            line += ": grant a ~pattern matching it"
+        else:
+            shown = ", ".join(map(repr, keys)) or "none"
+            line = (
+                f"user {user!r} may not access one of the keys of {first}{where} ({shown}; "
+                "ACL LOG, which names it, is refused too): grant ~patterns matching them"
+            )
+    line += f" (Redis: {message.strip()})"
+    if not written:
+        line += "; nothing was written"
+    line += "; `claimkit acl` prints the rule claimkit needs (docs/security.md)"
+    return StorePermissionError(line, user=user, command=command, key=key, written=written)
+
+
+def _script_place(message: str, script_name: str | None) -> str:
+    """`` in script 'claim' (line 54: redis.call(...))`` from a script error's line number."""
+    if not script_name:
+        return ""
+    place = f" in script {script_name!r}"
+    found = _SCRIPT_LINE.search(message)
+    if found is None:
+        return place
+    from ._scripts import script
+
+    try:
+        lines = script(script_name).source.splitlines()
+        text = lines[int(found.group(1)) - 1].strip()
+    except (KeyError, IndexError, ValueError):
+        return place
+    return f"{place} (line {found.group(1)}: {text})"
+
+
+async def _log_entry(
+    acl_log: Callable[[], Awaitable[Any]], user: str, keys: list[str], in_script: bool
+) -> dict[str, str] | None:
+    """The newest ``ACL LOG`` entry of ``user`` that names one of ``keys`` (or, for a
+    refusal inside a script, a command refused there); ``None`` when there is none or the
+    log cannot be read (a narrow user seldom may run ``ACL LOG``)."""
+    try:
+        log = _entries(await acl_log())
+    except Exception:
+        return None
+    for entry in log:
+        if entry.get("username") != user:
+            continue
+        if entry.get("reason") == "key" and entry.get("object") in keys:
+            return entry
+        if in_script and entry.get("reason") == "command" and entry.get("context") == "lua":
+            return entry
+    return None
+
+
 async def run_pipelined(
     script: Script,
     calls: Sequence[ScriptCall],
@@ -227,13 +574,14 @@ async def open_store(
         ValueError: a malformed URL or an unknown backend, before anything connects.
     """
     check_url(url)
+    shown, url = url, tls_settings(url)
     if backend == "coredis":
         from ._store_coredis import open_coredis_store
 
         # coredis runs its pool in a task group, which wraps anything raised in the block
         # in an ExceptionGroup. That group is an implementation detail: unwrap a lone error.
         try:
-            async with open_coredis_store(url, timeout=timeout) as store:
+            async with open_coredis_store(url, timeout=timeout, shown=shown) as store:
                 yield store
         except BaseExceptionGroup as group:
             if len(group.exceptions) == 1 and not isinstance(
@@ -244,7 +592,7 @@ async def open_store(
     elif backend == "redispy":
         from ._store_redispy import open_redispy_store
 
-        async with open_redispy_store(url, timeout=timeout) as store:
+        async with open_redispy_store(url, timeout=timeout, shown=shown) as store:
             yield store
     else:
         raise ValueError(f"unknown store backend {backend!r}: use 'coredis' or 'redispy'")

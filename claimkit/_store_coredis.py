@@ -13,13 +13,20 @@ from coredis.response._callbacks import NoopCallback
 from coredis.retry import NoRetryPolicy
 
 from ._store import (
+    ACL_LOG_ENTRIES,
     Arg,
     ScriptCall,
     StoreError,
+    StorePermissionError,
+    StoreTlsError,
     StoreUnavailable,
+    acl_user,
     check_keys,
+    is_acl_refusal,
+    permission_error,
     redact_url,
     run_pipelined,
+    tls_problem,
 )
 
 if TYPE_CHECKING:
@@ -28,16 +35,35 @@ if TYPE_CHECKING:
 _NOOP = NoopCallback()  # type: ignore[var-annotated]
 
 
+def _message(exc: BaseException) -> str:
+    """Redis's error text; coredis strips the ``NOPERM`` code (keeping it as the class
+    ``AuthorizationError``): it is put back, so the line says what Redis said."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, cx.AuthorizationError) and not text.startswith("NOPERM"):
+        return f"NOPERM {text}"
+    return text
+
+
+def _translate(exc: BaseException) -> BaseException:
+    """A coredis error as :class:`StoreUnavailable` or :class:`StoreError`; others as is."""
+    if isinstance(exc, cx.ConnectionError | cx.ReadOnlyError | TimeoutError | OSError):
+        problem = tls_problem(exc)
+        if problem is not None:
+            return StoreTlsError(problem)
+        return StoreUnavailable(str(exc) or type(exc).__name__)
+    if isinstance(exc, cx.RedisError):
+        if "LOADING" in str(exc) or "MASTERDOWN" in str(exc):
+            return StoreUnavailable(str(exc))
+        return StoreError(_message(exc))
+    return exc
+
+
 @contextmanager
 def _translated() -> Iterator[None]:
     try:
         yield
-    except (cx.ConnectionError, cx.ReadOnlyError, TimeoutError, OSError) as exc:
-        raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
-    except cx.RedisError as exc:
-        if "LOADING" in str(exc) or "MASTERDOWN" in str(exc):
-            raise StoreUnavailable(str(exc)) from exc
-        raise StoreError(str(exc)) from exc
+    except (cx.RedisError, TimeoutError, OSError) as exc:
+        raise _translate(exc) from exc
 
 
 class CoredisStore:
@@ -46,49 +72,142 @@ class CoredisStore:
     def __init__(self, client: coredis.Redis[bytes], url: str) -> None:
         self._client = client
         self.url = redact_url(url)
+        self._user = acl_user(url)
 
     def _request(self, args: Sequence[Arg]) -> CommandRequest[Any]:
         name = str(args[0]).upper().encode()
         return CommandRequest(name, *args[1:], callback=_NOOP, execution_parameters={})
 
+    async def _acl_log(self) -> Any:
+        return await self._client.execute_command(self._request(("ACL", "LOG", ACL_LOG_ENTRIES)))
+
+    async def _explain(
+        self, exc: StoreError, commands: Sequence[Sequence[Arg]], script: str | None = None
+    ) -> StoreError:
+        """``exc``, or the precise :class:`StorePermissionError` when it is an ACL refusal."""
+        if isinstance(exc, StorePermissionError) or not is_acl_refusal(str(exc)):
+            return exc
+        return await permission_error(
+            str(exc), commands, user=self._user, acl_log=self._acl_log, script_name=script
+        )
+
     async def command(self, *args: Arg) -> Any:
-        with _translated():
-            return await self._client.execute_command(self._request(args))
+        try:
+            with _translated():
+                return await self._client.execute_command(self._request(args))
+        except StoreError as exc:
+            raise await self._explain(exc, [args]) from exc
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
+        if transaction:
+            return await self._transaction(commands)
         with _translated():
-            replies = await self._pipelined(commands, transaction=transaction)
-            for reply in replies:
+            replies = await self._pipelined(commands)
+        for command, reply in zip(commands, replies, strict=True):
+            if isinstance(reply, cx.RedisError):
+                error = _translate(reply)
+                if isinstance(error, StoreError):
+                    raise await self._explain(error, [command]) from reply
+                raise error from reply
+        return replies
+
+    async def _transaction(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """``MULTI``, the commands, ``EXEC`` on one connection of the pool's.
+
+        ``MULTI`` goes alone first: when Redis refuses it (an ACL without ``+multi``) the
+        commands would otherwise run one by one, outside any transaction. A command refused
+        while queueing aborts the transaction (``EXECABORT``): nothing runs, and its own
+        error is raised. A refused ``EXEC`` leaves the connection inside ``MULTI``: it is
+        dropped, never handed back to the pool, so nothing queued on it ever runs.
+
+        Cancellation: the connection is dropped; if ``EXEC`` had been sent, the
+        transaction may have run.
+        """
+        if not commands:
+            return []
+        pool = self._client.connection_pool
+        with _translated():
+            connection = await pool.get_connection()
+        keep = False
+        try:
+            with _translated():
+                try:
+                    await connection.create_request(b"MULTI", decode=False)
+                except cx.ResponseError as exc:
+                    keep = True  # no MULTI began: the connection is as it was
+                    raise await self._refused(_message(exc), [("MULTI",), *commands]) from exc
+                queued = [
+                    connection.create_request(
+                        str(c[0]).upper().encode(), *c[1:], decode=False, raise_exceptions=False
+                    )
+                    for c in commands
+                ]
+                done = connection.create_request(b"EXEC", decode=False, raise_exceptions=False)
+                refusals = [
+                    (c, r)
+                    for c, r in zip(commands, [await q for q in queued], strict=True)
+                    if isinstance(r, BaseException)
+                ]
+                replies = await done
+                if isinstance(replies, BaseException):
+                    if refusals:  # EXECABORT: the transaction was discarded, nothing ran
+                        keep = True
+                        command, error = refusals[0]
+                        raise await self._refused(_message(error), [command, *commands])
+                    raise await self._refused(_message(replies), [("EXEC",), *commands])
+                keep = True
+            for command, reply in zip(commands, replies, strict=True):
                 if isinstance(reply, cx.RedisError):
-                    raise reply
-            return replies
+                    error = _translate(reply)
+                    if isinstance(error, StoreError):
+                        raise await self._explain(error, [command]) from reply
+                    raise error from reply
+            return list(replies)
+        finally:
+            if keep:
+                pool.release(connection)
+            else:
+                connection.invalidate("transaction state unknown")
+
+    async def _refused(self, message: str, commands: Sequence[Sequence[Arg]]) -> StoreError:
+        """The error for a transaction Redis refused before running any of it."""
+        if is_acl_refusal(message):
+            return await permission_error(
+                message, commands, user=self._user, acl_log=self._acl_log, written=False
+            )
+        return StoreError(f"{message} (the transaction was refused; nothing was written)")
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         check_keys(script, keys)
-        with _translated():
-            try:
-                return await self._client.execute_command(
-                    self._request(("EVALSHA", script.sha1, len(keys), *keys, *args))
-                )
-            except cx.NoScriptError:
-                return await self._client.execute_command(
-                    self._request(("EVAL", script.source, len(keys), *keys, *args))
-                )
+        call = ("EVALSHA", script.sha1, len(keys), *keys, *args)
+        try:
+            with _translated():
+                try:
+                    return await self._client.execute_command(self._request(call))
+                except cx.NoScriptError:
+                    return await self._client.execute_command(
+                        self._request(("EVAL", script.source, len(keys), *keys, *args))
+                    )
+        except StoreError as exc:
+            raise await self._explain(exc, [call], script.name) from exc
 
     async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
         for keys, _ in calls:
             check_keys(script, keys)
-        with _translated():
-            return await run_pipelined(script, calls, self._pipelined, cx.NoScriptError)
+        try:
+            with _translated():
+                return await run_pipelined(script, calls, self._pipelined, cx.NoScriptError)
+        except StoreError as exc:
+            sent = [("EVALSHA", script.sha1, len(k), *k, *a) for k, a in calls]
+            raise await self._explain(exc, sent, script.name) from exc
 
-    async def _pipelined(
-        self, commands: Sequence[Sequence[Arg]], *, transaction: bool = False
-    ) -> list[Any]:
-        """Send ``commands`` in one pipeline; a command Redis refused gives its exception,
-        with Redis's message only, as its reply. (coredis's ``raise_on_error`` would copy
-        every argument of the refused command into the message: payloads and tokens in the
-        logs.) A broken connection or a refused handshake (wrong password) raises."""
-        async with self._client.pipeline(transaction=transaction, raise_on_error=False) as pipe:
+    async def _pipelined(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Send ``commands`` in one pipeline (no transaction); a command Redis refused gives
+        its exception, with Redis's message only, as its reply. (coredis's ``raise_on_error``
+        would copy every argument of the refused command into the message: payloads and
+        tokens in the logs.) A broken connection or a refused handshake (wrong password)
+        raises."""
+        async with self._client.pipeline(transaction=False, raise_on_error=False) as pipe:
             pending = [
                 pipe.create_request(str(c[0]).upper().encode(), *c[1:], callback=_NOOP)
                 for c in commands
@@ -103,7 +222,9 @@ class CoredisStore:
 
 
 @asynccontextmanager
-async def open_coredis_store(url: str, *, timeout: float) -> AsyncIterator[CoredisStore]:
+async def open_coredis_store(
+    url: str, *, timeout: float, shown: str | None = None
+) -> AsyncIterator[CoredisStore]:
     client: coredis.Redis[bytes] = coredis.Redis.from_url(
         url,
         decode_responses=False,
@@ -117,4 +238,4 @@ async def open_coredis_store(url: str, *, timeout: float) -> AsyncIterator[Cored
     # Entering the client starts its pool's background task group; a Redis that is down at
     # start-up is not an error here: the first command reports it.
     async with client:
-        yield CoredisStore(client, url)
+        yield CoredisStore(client, shown or url)

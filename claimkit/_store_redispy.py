@@ -32,13 +32,20 @@ import trio
 
 from ._config import ConfigError
 from ._store import (
+    ACL_LOG_ENTRIES,
     Arg,
     ScriptCall,
     StoreError,
+    StorePermissionError,
+    StoreTlsError,
     StoreUnavailable,
+    acl_user,
     check_keys,
+    is_acl_refusal,
+    permission_error,
     redact_url,
     run_pipelined,
+    tls_problem,
 )
 
 if TYPE_CHECKING:
@@ -111,16 +118,22 @@ class RedispyStore:
         self._m = modules
         self._x = modules.exceptions
         self.url = redact_url(url)
+        self._user = acl_user(url)
 
     @contextmanager
     def _translated(self) -> Iterator[None]:
         x = self._x
         try:
             yield
+        except _Refused as exc:
+            raise exc.error from None
         except (x.AuthenticationError, x.AuthorizationError) as exc:
             # Subclasses of redis-py's ConnectionError, but a retry will not fix a password.
             raise StoreError(_message(exc)) from exc
         except (x.ConnectionError, x.TimeoutError, x.ReadOnlyError, TimeoutError, OSError) as exc:
+            problem = tls_problem(exc)
+            if problem is not None:
+                raise StoreTlsError(problem) from exc
             # BusyLoadingError (LOADING) is a ConnectionError; READONLY means we reached a
             # replica during a failover: both pass with time.
             raise StoreUnavailable(_message(exc)) from exc
@@ -133,9 +146,33 @@ class RedispyStore:
         with self._translated():
             return await self._m.trio_asyncio.aio_as_trio(fn, loop=self._loop)(*args)
 
+    async def _explained(
+        self, fn: Any, commands: Sequence[Sequence[Arg]], *args: Any, script: str | None = None
+    ) -> Any:
+        """:meth:`_call`, with an ACL refusal made precise (:func:`permission_error`)."""
+        try:
+            return await self._call(fn, *args)
+        except StoreError as exc:
+            if isinstance(exc, StorePermissionError) or not is_acl_refusal(str(exc)):
+                raise
+            explained = await self._call(self._explain, str(exc), commands, script)
+            raise explained from exc
+
+    async def _explain(
+        self, message: str, commands: Sequence[Sequence[Arg]], script: str | None
+    ) -> StoreError:
+        # Runs on the asyncio loop.
+        return await permission_error(
+            message, commands, user=self._user, acl_log=self._acl_log, script_name=script
+        )
+
+    async def _acl_log(self) -> Any:
+        # Runs on the asyncio loop.
+        return await self._client.execute_command("ACL", "LOG", ACL_LOG_ENTRIES)
+
     async def command(self, *args: Arg) -> Any:
         """Run one command; the raw reply (see :class:`claimkit._store.Store`)."""
-        return await self._call(self._client.execute_command, *args)
+        return await self._explained(self._client.execute_command, [args], *args)
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
         """Send ``commands`` in one round trip, in MULTI/EXEC when ``transaction``.
@@ -143,16 +180,75 @@ class RedispyStore:
         Raises :class:`StoreError` for the first command Redis refused; in a transaction
         the others ran (Redis has no rollback), as with the coredis store.
         """
-        reply: list[Any] = await self._call(self._pipeline, commands, transaction)
+        if transaction:
+            done: list[Any] = await self._call(self._transaction, commands)
+            return done
+        reply: list[Any] = await self._call(self._pipeline, commands)
         return reply
 
-    async def _pipeline(self, commands: Sequence[Sequence[Arg]], transaction: bool) -> list[Any]:
+    async def _pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         # Runs on the asyncio loop.
-        replies = await self._pipelined(commands, transaction=transaction)
-        for reply in replies:
+        replies = await self._pipelined(commands)
+        for command, reply in zip(commands, replies, strict=True):
             if isinstance(reply, Exception):
+                if is_acl_refusal(_message(reply)):
+                    raise _Refused(await self._explain(_message(reply), [command], None))
                 raise reply
         return replies
+
+    async def _transaction(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """``MULTI``, the commands, ``EXEC`` on one connection (see the coredis store's
+        ``_transaction``: ``MULTI`` goes alone first, so a refused one writes nothing; a
+        command refused while queueing aborts it all; a refused ``EXEC`` drops the
+        connection). Runs on the asyncio loop."""
+        if not commands:
+            return []
+        x = self._x
+        pool = self._client.connection_pool
+        connection = await pool.get_connection()
+        keep = False
+        try:
+            await connection.send_command("MULTI")
+            try:
+                await connection.read_response()
+            except x.ResponseError as exc:
+                keep = True
+                raise _Refused(await self._refused(_message(exc), [("MULTI",), *commands])) from exc
+            await connection.send_packed_command(connection.pack_commands([*commands, ("EXEC",)]))
+            refusals = []
+            for command in commands:
+                try:
+                    await connection.read_response()
+                except x.ResponseError as exc:
+                    refusals.append((command, exc))
+            try:
+                replies = await connection.read_response()
+            except x.ResponseError as exc:
+                if refusals:  # EXECABORT: discarded, nothing ran
+                    keep = True
+                    command, error = refusals[0]
+                    message = _message(error)
+                    raise _Refused(await self._refused(message, [command, *commands])) from exc
+                raise _Refused(await self._refused(_message(exc), [("EXEC",), *commands])) from exc
+            keep = True
+        finally:
+            if not keep:
+                await connection.disconnect()
+            await pool.release(connection)
+        for command, reply in zip(commands, replies, strict=True):
+            if isinstance(reply, Exception):
+                if is_acl_refusal(_message(reply)):
+                    raise _Refused(await self._explain(_message(reply), [command], None))
+                raise reply
+        return list(replies)
+
+    async def _refused(self, message: str, commands: Sequence[Sequence[Arg]]) -> StoreError:
+        # Runs on the asyncio loop.
+        if is_acl_refusal(message):
+            return await permission_error(
+                message, commands, user=self._user, acl_log=self._acl_log, written=False
+            )
+        return StoreError(f"{message} (the transaction was refused; nothing was written)")
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """Run ``script`` by EVALSHA, falling back to EVAL (which also caches it) on NOSCRIPT.
@@ -161,7 +257,8 @@ class RedispyStore:
             ValueError: ``len(keys) != script.numkeys``.
         """
         check_keys(script, keys)
-        return await self._call(self._run, script, keys, args)
+        call = ("EVALSHA", script.sha1, len(keys), *keys, *args)
+        return await self._explained(self._run, [call], script, keys, args, script=script.name)
 
     async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         # Runs on the asyncio loop: both attempts cost one hop between the loops.
@@ -180,24 +277,33 @@ class RedispyStore:
         """
         for keys, _ in calls:
             check_keys(script, keys)
-        replies: list[Any] = await self._call(self._run_many, script, calls)
+        sent = [("EVALSHA", script.sha1, len(k), *k, *a) for k, a in calls]
+        replies: list[Any] = await self._explained(
+            self._run_many, sent, script, calls, script=script.name
+        )
         return replies
 
     async def _run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
         # Runs on the asyncio loop.
         return await run_pipelined(script, calls, self._pipelined, self._x.NoScriptError)
 
-    async def _pipelined(
-        self, commands: Sequence[Sequence[Arg]], *, transaction: bool = False
-    ) -> list[Any]:
+    async def _pipelined(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         # Runs on the asyncio loop. A refused command gives its exception, with Redis's
         # message only, as its reply (raise_on_error=True would copy every argument of the
         # refused command into the message: payloads and tokens in the logs).
-        async with self._client.pipeline(transaction=transaction) as pipe:
+        async with self._client.pipeline(transaction=False) as pipe:
             for args in commands:
                 pipe.execute_command(*args)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
             return replies
+
+
+class _Refused(Exception):
+    """Carries a finished :class:`StoreError` out of the asyncio loop untranslated."""
+
+    def __init__(self, error: StoreError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _message(exc: BaseException) -> str:
@@ -216,6 +322,7 @@ async def open_redispy_store(
     url: str,
     *,
     timeout: float,
+    shown: str | None = None,
 ) -> AsyncIterator[RedispyStore]:
     """Open a redis-py store on ``url``, inside a trio-asyncio loop of its own.
 
@@ -223,6 +330,8 @@ async def open_redispy_store(
 
     Args:
         url: a Redis URL, already checked by :func:`claimkit._store.check_url`.
+        shown: the URL as the user gave it (``url`` with claimkit's TLS defaults added
+            is what connects), for :attr:`RedispyStore.url`.
         timeout: seconds allowed for connecting and for each reply (a blocking command's
             own timeout must stay under it). No retries: a failed call raises at once.
 
@@ -253,7 +362,7 @@ async def open_redispy_store(
 
         client = await modules.trio_asyncio.aio_as_trio(make_client, loop=loop)()
         try:
-            yield RedispyStore(client, loop, modules, url)
+            yield RedispyStore(client, loop, modules, shown or url)
         finally:
             # A connection that broke already may fail to close: nothing is left to free.
             with (

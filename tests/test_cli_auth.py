@@ -31,7 +31,8 @@ def test_missing_and_wrong_passwords_are_named(redis_factory: RedisFactory) -> N
         ),
     }
     for url, start in cases.items():
-        result = CliRunner().invoke(app, ["inspect", "--queue", "q", "--redis-url", url])
+        # In the environment: a password in --redis-url would add a warning line.
+        result = CliRunner().invoke(app, ["inspect", "--queue", "q"], env={"REDIS_URL": url})
         assert result.exit_code == 1, result.output
         (line,) = result.stderr.splitlines()
         assert line.startswith(start), line
@@ -39,6 +40,8 @@ def test_missing_and_wrong_passwords_are_named(redis_factory: RedisFactory) -> N
     # The password percent-encoded, as URLs want it, and raw: both reach Redis decoded.
     for password in ("s3cret%20pw", "s3cret pw"):
         ok = CliRunner().invoke(
-            app, ["inspect", "--queue", "q", "--json", "--redis-url", f"redis://:{password}@{base}"]
+            app,
+            ["inspect", "--queue", "q", "--json"],
+            env={"REDIS_URL": f"redis://:{password}@{base}"},
         )
         assert ok.exit_code == 0, ok.output

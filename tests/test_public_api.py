@@ -18,6 +18,8 @@ def test_exported_names() -> None:
         "QueueOps",
         "Store",
         "StoreError",
+        "StorePermissionError",
+        "StoreTlsError",
         "StoreUnavailable",
         "Summary",
         "TerminalRecord",

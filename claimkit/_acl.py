@@ -1,0 +1,155 @@
+"""The narrowest Redis ACL rule a configuration needs, per role (``claimkit acl``).
+
+Three roles, each the commands and keys of the claimkit commands it runs:
+
+- ``consumer``: ``claimkit serve``.
+- ``producer``: ``claimkit submit``, ``cancel`` and ``results`` (``Producer``).
+- ``operator``: ``inspect``, ``drain``, ``reclaim``, ``dead``, ``results``, ``cancel``.
+
+Every key pattern comes from the key builder (:mod:`claimkit._keys`) and the gate builder
+(:func:`claimkit._gates.make_gate`), and the commands a role's Lua scripts call are read
+from the scripts themselves, so the rule follows the code. A record a request routes to a
+list of its own (``internal.result_queue_name``) needs that list granted too
+(``extra_lists``). See ``docs/security.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from . import _keys
+from ._config import Config
+from ._gates import RedisBudgetGate, make_gate
+from ._scripts import script
+
+__all__ = ["ROLES", "AclRule", "acl_rule"]
+
+ROLES = ("consumer", "producer", "operator")
+
+# Commands claimkit sends itself, by role (the Lua scripts' own commands are added from
+# their sources). EVAL goes with EVALSHA: a script Redis does not hold (after a restart or
+# SCRIPT FLUSH) is sent again whole, which also loads it. MULTI/EXEC wrap the atomic reads
+# and writes; claimkit never sends them when a role has no transaction.
+_COMMANDS: dict[str, tuple[str, ...]] = {
+    # serve: key-type preflight, peek, backlog gauge, the redis gate's budget, scripts.
+    "consumer": tuple("EVALSHA EVAL TYPE ZRANGE ZCARD GET".split()),
+    # submit (TIME, TYPE, then DEL/SET/ZADD in MULTI/EXEC), cancel (TYPE, GET, SET),
+    # results (RPOP, LRANGE; --follow: BLMOVE, LINDEX, LMOVE, DEL).
+    "producer": tuple(
+        "TIME TYPE MULTI EXEC DEL SET ZADD GET RPOP LRANGE BLMOVE LINDEX LMOVE".split()
+    ),
+    # inspect, drain, reclaim, dead list/requeue/purge, results, cancel.
+    "operator": tuple(
+        "EVALSHA EVAL TIME TYPE MULTI EXEC ZCARD ZRANGE LLEN HMGET ZMSCORE ZREM "
+        "ZREMRANGEBYSCORE DEL SET GET RPOP LRANGE BLMOVE LINDEX LMOVE".split()
+    ),
+}
+# The Lua scripts each role runs; the commands they call are read from their sources.
+_SCRIPTS: dict[str, tuple[str, ...]] = {
+    "consumer": tuple("claim ack renew release reclaim park move-retries dead-letter".split()),
+    "producer": (),
+    "operator": ("inspect", "release", "reclaim", "requeue-dead"),
+}
+# A command a script calls: named in the call, or in a table of commands (the key guard's
+# ``{ zset = 'ZCARD', ... }``).
+_LUA_CALL = re.compile(r"(?:redis\.p?call\(\s*|=\s*)['\"]([A-Z][A-Za-z]+)['\"]")
+_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+
+
+@dataclass(frozen=True, slots=True)
+class AclRule:
+    """One role's rule.
+
+    Attributes:
+        role: ``consumer``, ``producer`` or ``operator``.
+        commands: lower-case command names, sorted.
+        keys: key patterns without the ``~``, in the order claimkit names them.
+    """
+
+    role: str
+    commands: tuple[str, ...]
+    keys: tuple[str, ...]
+
+    def rule(self) -> str:
+        """The ACL rule string: ``resetkeys resetchannels -@all +cmd ... ~key ...``."""
+        parts = ["resetkeys", "resetchannels", "-@all"]
+        parts += [f"+{c}" for c in self.commands]
+        parts += [f"~{k}" for k in self.keys]
+        return " ".join(parts)
+
+    def setuser(self, user: str) -> str:
+        """``ACL SETUSER <user> on <rule>`` (the password is set apart: ``>password``)."""
+        return f"ACL SETUSER {user} on {self.rule()}"
+
+
+def _glob(name: str) -> str:
+    """``name`` as an ACL key pattern matching only itself."""
+    return _GLOB_SPECIAL.sub(r"\\\1", name)
+
+
+def _lua_commands(names: Iterable[str]) -> set[str]:
+    return {m.upper() for name in names for m in _LUA_CALL.findall(script(name).source)}
+
+
+def _queue_keys(queue: str, *, pending_only: bool = False) -> list[str]:
+    keys = _keys.QueueKeys.for_queue(queue)
+    if pending_only:
+        return [keys.pending]
+    return [getattr(keys, f.name) for f in dataclasses.fields(keys)]
+
+
+def acl_rule(
+    config: Config,
+    role: str,
+    *,
+    queues: Sequence[str] = (),
+    extra_lists: Sequence[str] = (),
+) -> AclRule:
+    """The narrowest rule ``role`` needs for ``config``.
+
+    Args:
+        config: the transport config (queues, result lists, retry set, gates).
+        role: one of :data:`ROLES`.
+        queues: more queue names (``submit -q`` may name one the config does not list).
+        extra_lists: more result lists (those requests route to themselves).
+
+    Raises:
+        ValueError: an unknown role, or a gate's parameters are invalid.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    names = list(dict.fromkeys([*(q.queue_name for q in config.queues), *queues]))
+    lists = [config.result_queue_name]
+    lists += [q.result_queue_name for q in config.queues if q.result_queue_name]
+    lists = list(dict.fromkeys([*lists, *extra_lists]))
+    keys: list[str] = []
+    for name in names:
+        keys += map(_glob, _queue_keys(name, pending_only=role == "producer"))
+    if role != "producer":
+        retry = config.retry_queue_name
+        keys += [_glob(retry), _glob(_keys.retry_dead(retry))]
+    keys += map(_glob, lists)
+    if role != "consumer":
+        keys += [_glob(_keys.results_holding_prefix(name)) + "*" for name in lists]
+    keys += [
+        _glob(prefix) + "*"
+        for prefix in (
+            _keys.RESULT_TERMINAL_PREFIX,
+            _keys.REQUEST_ACTIVE_PREFIX,
+            _keys.REQUEST_CANCEL_PREFIX,
+        )
+    ]
+    if role == "consumer":
+        for q in config.queues:
+            gate = make_gate(q, store=None)  # type: ignore[arg-type]
+            if isinstance(gate, RedisBudgetGate):
+                keys.append(_glob(gate.key))
+    commands = {*_COMMANDS[role], *_lua_commands(_SCRIPTS[role])}
+    return AclRule(
+        role=role,
+        commands=tuple(sorted(c.lower() for c in commands)),
+        keys=tuple(dict.fromkeys(keys)),
+    )
