@@ -273,7 +273,8 @@ def sim(
     try:
         run_sim_forever(config)
     except OSError as exc:
-        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+        reason = (exc.strerror or str(exc)).lower()
+        fail(f"cannot listen on {host}:{port}: {reason}; pass another --port, or 0 for a free one")
 
 
 @app.command()

@@ -239,8 +239,8 @@ class _Runner:
 
     def stop(self) -> None:
         if self._token is not None:
-            try:
-                trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._token)
+            try:  # not from_thread.run_sync: the caller may be a trio loop (serve's)
+                self._token.run_sync_soon(self._cancel.cancel)
             except trio.RunFinishedError:
                 pass
         self._thread.join(timeout=5)

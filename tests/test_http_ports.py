@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -187,7 +188,10 @@ async def test_probes_and_scrape_answer_past_400_idle_and_half_sent_connections(
                 assert status_line(reply) == b"HTTP/1.1 400 "
         await in_thread(probes_answer, server)
         assert [s for s in hostile if not still_open(s)] == []
-        assert server.proc.poll() is None
+        # A stop is not held up by them either.
+        server.proc.send_signal(signal.SIGTERM)
+        assert await in_thread(server.proc.wait, TIMEOUT) == 0
+    assert "Traceback" not in server.log.read_text()
 
 
 async def test_idle_and_slow_connections_are_closed_after_the_idle_timeout(
@@ -368,3 +372,41 @@ def test_a_bind_address_that_cannot_be_bound_is_one_line(
         env={**os.environ, "REDIS_URL": redis_url},
     )
     assert (done.returncode, done.stderr.splitlines()) == (1, [line.format(port=port)])
+
+
+def test_http_fields_in_the_config_and_their_defaults() -> None:
+    from claimkit._config import load_config
+
+    url = {"url": "redis://127.0.0.1:1/0"}
+    plain = load_config(inline=CONFIG, flags=url)
+    assert (plain.http_host, plain.http_idle_timeout_seconds, plain.http_max_connections) == (
+        "0.0.0.0",
+        5.0,
+        512,
+    )
+    doc = {**json.loads(CONFIG), "http_host": "::", "http_idle_timeout_seconds": 0.25}
+    set_ = load_config(inline=json.dumps(doc), flags={**url, "http_max_connections": 7})
+    assert (set_.http_host, set_.http_idle_timeout_seconds, set_.http_max_connections) == (
+        "::",
+        0.25,
+        7,
+    )
+    assert set_.unknown_fields == ()
+
+
+def test_a_sim_port_clash_names_the_flag() -> None:
+    with socket.socket() as holder:
+        holder.bind((HOST, 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [CLAIMKIT, "sim", "--port", str(port)], capture_output=True, text=True, timeout=TIMEOUT
+        )
+    assert (done.returncode, done.stdout, done.stderr.splitlines()) == (
+        1,
+        "",
+        [
+            f"claimkit: cannot listen on {HOST}:{port}: address already in use; "
+            "pass another --port, or 0 for a free one"
+        ],
+    )
