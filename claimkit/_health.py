@@ -9,11 +9,11 @@ Both are served by hypercorn on trio in a thread of their own (its own event loo
 consumer loop never delays a scrape or a probe, and connections are served concurrently: a
 client that connects and sends nothing, or sends half a request, holds only its own
 connection. Each connection is closed once it has gone ``idle_timeout`` seconds without a
-complete request (from its opening, or from its last answer) and when a read waits longer
-than that; request heads larger than 16 KiB are answered 431 and closed, bytes that are not
-HTTP 400 and closed. At most ``max_connections`` are open at once over both servers; a
-connection beyond that is accepted and closed at once (never queued), so the listen backlog
-cannot fill with waiters.
+complete request (from its opening, or from its last answer), and when a read or a write
+waits longer than that. A request head over 16 KiB is answered 431 and closed, bytes that
+are not HTTP 400 and closed. At most ``max_connections`` are open at once over both
+servers; one beyond that is accepted and closed at once (never queued), so the listen
+backlog cannot fill with waiters.
 
 hypercorn has no bound on connections, so the listener wrapper here adds one and runs
 hypercorn's own per-connection server (``hypercorn.trio.tcp_server.TCPServer``).
@@ -174,6 +174,40 @@ class _Slots:
         self.open -= 1
 
 
+class _WriteBoundedStream(trio.abc.HalfCloseableStream):
+    """A :class:`trio.SocketStream` whose writes give up after ``timeout`` seconds.
+
+    hypercorn writes inside a shielded cancel scope and never times a write out, so a client
+    that sends requests but never reads the answers would hold its connection (and its
+    slot) forever, and stall the servers' stop. A write that takes longer than ``timeout``
+    closes the connection and calls ``stalled`` (which cancels the connection's task: its
+    reader may be parked until the answer is written, where no close reaches it)."""
+
+    def __init__(self, inner: trio.SocketStream, timeout: float, stalled: Callable[[], None]):
+        self._inner, self._timeout, self._stalled = inner, timeout, stalled
+        self.socket = inner.socket  # hypercorn reads the peer's address from it
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with trio.move_on_after(self._timeout) as scope:  # a deadline of its own beats a shield
+            await self._inner.send_all(data)
+        if scope.cancelled_caught:
+            await trio.aclose_forcefully(self._inner)
+            self._stalled()
+            raise trio.BrokenResourceError(f"the client read nothing for {self._timeout} s")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self._inner.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class _BoundedListener(trio.abc.Listener[trio.SocketStream]):
     """A :class:`trio.SocketListener` that closes a connection at once when all slots are
     taken, instead of leaving it queued in the kernel's backlog."""
@@ -273,7 +307,10 @@ class _Runner:
         self, app: ASGIWrapper, context: WorkerContext, stream: trio.SocketStream
     ) -> None:
         try:
-            await _TCPServer(app, self._config, context, {}, stream)  # type: ignore[arg-type]
+            with trio.CancelScope() as scope:
+                timeout = self._config.keep_alive_timeout
+                bounded = _WriteBoundedStream(stream, timeout, scope.cancel)
+                await _TCPServer(app, self._config, context, {}, bounded)  # type: ignore[arg-type]
         finally:
             self._slots.give_back()
 

@@ -280,6 +280,48 @@ async def test_connections_past_the_bound_are_closed_at_once(
     assert [line for line in server.log.read_text().splitlines() if warning in line] != []
 
 
+async def test_a_client_that_never_reads_its_answers_is_closed(
+    redis_url: str, tmp_path: Path
+) -> None:
+    with (
+        trio.fail_after(TIMEOUT),
+        serving(
+            redis_url, tmp_path, "--http-max-connections", "1", "--http-idle-timeout", "0.5"
+        ) as server,
+    ):
+
+        def stall() -> socket.socket:
+            """A connection holding the only slot (answered once), then sending requests for
+            /metrics on and on and reading none of the answers."""
+            scrape = b"GET /metrics HTTP/1.1\r\nHost: claimkit\r\n\r\n"
+            while True:
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.settimeout(10)
+                sock.connect((HOST, server.metrics))
+                sock.sendall(scrape)
+                if sock.recv(64).startswith(b"HTTP/1.1 200 "):
+                    break
+                sock.close()  # a probe's connection still held the slot: again
+                time.sleep(0.05)
+            try:
+                sock.sendall(scrape * 5000)  # far more answers than the socket buffers hold
+            except OSError:
+                pass  # the server gave up on it already
+            return sock
+
+        def answered() -> None:
+            while True:
+                try:
+                    probes_answer(server)
+                    return
+                except httpx.TransportError:
+                    time.sleep(0.05)  # until the server has given up on the stalled one
+
+        with await in_thread(stall):
+            await in_thread(answered)
+
+
 @pytest.mark.parametrize(
     ("taken", "paths", "flag"),
     [
