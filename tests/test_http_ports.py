@@ -433,7 +433,7 @@ def test_a_bind_address_that_cannot_be_bound_is_one_line(
 
 
 def test_http_fields_in_the_config_and_their_defaults() -> None:
-    from claimkit._config import load_config
+    from claimkit._config import ConfigError, load_config
 
     url = {"url": "redis://127.0.0.1:1/0"}
     plain = load_config(inline=CONFIG, flags=url)
@@ -450,6 +450,14 @@ def test_http_fields_in_the_config_and_their_defaults() -> None:
         7,
     )
     assert set_.unknown_fields == ()
+    for bad in ("localhost", "", 5, "0.0.0.0:80"):
+        doc = {**json.loads(CONFIG), "http_host": bad}
+        with pytest.raises(ConfigError) as refused:
+            load_config(inline=json.dumps(doc), flags=url)
+        assert str(refused.value) == (
+            "http_host must be an IP address such as 0.0.0.0, 127.0.0.1 or ::,"
+            f" got {json.dumps(bad)}"
+        )
 
 
 def test_a_sim_port_clash_names_the_flag() -> None:
