@@ -78,6 +78,29 @@ def serve(
             help="/healthz and /readyz port; 0 turns it off (default 8081).", show_default=False
         ),
     ] = None,
+    http_host: Annotated[
+        str | None,
+        typer.Option(
+            help="IP address the metrics and health servers bind, e.g. 127.0.0.1 or :: "
+            "(default 0.0.0.0, every IPv4 interface: Kubernetes probes reach the pod IP).",
+            show_default=False,
+        ),
+    ] = None,
+    http_idle_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds an HTTP connection may stay open without a complete request (default 5).",
+            show_default=False,
+        ),
+    ] = None,
+    http_max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help="HTTP connections open at once over both servers; more are closed at once "
+            "(default 512).",
+            show_default=False,
+        ),
+    ] = None,
     store_backend: Annotated[
         str, typer.Option("--store", help="Redis client: coredis, or redispy (optional extra).")
     ] = "coredis",
@@ -105,6 +128,9 @@ def serve(
         drain_timeout_seconds=drain_timeout,
         metrics_port=metrics_port,
         health_port=health_port,
+        http_host=http_host,
+        http_idle_timeout_seconds=http_idle_timeout,
+        http_max_connections=http_max_connections,
     )
     if store_backend not in ("coredis", "redispy"):
         fail(f"--store must be coredis or redispy, got {store_backend!r}")
@@ -247,7 +273,8 @@ def sim(
     try:
         run_sim_forever(config)
     except OSError as exc:
-        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+        reason = (exc.strerror or str(exc)).lower()
+        fail(f"cannot listen on {host}:{port}: {reason}; pass another --port, or 0 for a free one")
 
 
 @app.command()

@@ -10,6 +10,7 @@ reported as one :class:`ConfigError` line naming the field.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -75,6 +76,10 @@ class Config:
     drain_timeout_seconds: float = 10.0
     metrics_port: int = 9090
     health_port: int = 8081
+    http_host: str = "0.0.0.0"
+    """The IP address the metrics and health servers bind (docs/operations.md)."""
+    http_idle_timeout_seconds: float = 5.0
+    http_max_connections: int = 512
     unknown_fields: tuple[str, ...] = ()
     """Fields of the JSON claimkit does not know (ignored; the CLI warns about each)."""
 
@@ -105,6 +110,8 @@ _NUMERIC: dict[str, tuple[type, float]] = {
     "drain_timeout_seconds": (float, 10.0),
     "metrics_port": (int, 9090),
     "health_port": (int, 8081),
+    "http_idle_timeout_seconds": (float, 5.0),
+    "http_max_connections": (int, 512),
 }
 # SPEC §6 says 0 means the default, but three fields give 0 a meaning of its own: unlimited
 # deliveries (§3.7), a dedup marker with no TTL (§1), a server turned off (§6).
@@ -112,7 +119,15 @@ _ZERO_IS_ZERO = {"max_deliveries", "result_dedup_ttl_seconds", "metrics_port", "
 _PORTS = {"metrics_port", "health_port"}
 
 
-_TOP_LEVEL = {"url", "url_file", "result_queue_name", "retry_queue_name", "queues", *_NUMERIC}
+_TOP_LEVEL = {
+    "url",
+    "url_file",
+    "result_queue_name",
+    "retry_queue_name",
+    "queues",
+    "http_host",
+    *_NUMERIC,
+}
 _QUEUE_FIELDS = {
     "queue_name",
     "id",
@@ -149,6 +164,17 @@ def _number(name: str, value: Any) -> float | int:
     if value == 0 and name not in _ZERO_IS_ZERO:
         return kind(default)  # type: ignore[no-any-return]
     return kind(value)  # type: ignore[no-any-return]
+
+
+def _ip_address(name: str, value: Any) -> str:
+    """An IP address to bind: ``0.0.0.0``, ``127.0.0.1``, ``::``, an interface's own address."""
+    try:
+        return str(ipaddress.ip_address(value if isinstance(value, str) else ""))
+    except ValueError:
+        raise ConfigError(
+            f"{name} must be an IP address such as 0.0.0.0, 127.0.0.1 or ::,"
+            f" got {json.dumps(value)}"
+        ) from None
 
 
 def _string(where: str, value: Any, *, required: bool = False) -> str | None:
@@ -349,6 +375,9 @@ def load_config(
     for name in ("result_queue_name", "retry_queue_name"):
         if name in merged:
             values[name] = _string(name, merged[name], required=True)
+
+    if "http_host" in merged:
+        values["http_host"] = _ip_address("http_host", merged["http_host"])
 
     queues_raw = merged.get("queues", [])
     if not isinstance(queues_raw, list):

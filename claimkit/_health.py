@@ -1,61 +1,337 @@
-"""The metrics and health HTTP servers of ``claimkit serve`` (SPEC §5, §7).
+"""The metrics and health HTTP servers of ``claimkit serve`` (docs/operations.md, "Ports and
+probes").
 
-Both run in threads with the standard library's WSGI server, so a busy event loop never
-delays a scrape or a probe. ``/metrics`` is prometheus-client's WSGI app; ``/healthz`` is 200
-while the process runs; ``/readyz`` is 200 while the consumer reaches Redis and is not
-shutting down, else 503. A port of 0 turns that server off (SPEC §6).
+``/metrics`` is prometheus-client's ASGI app; ``/healthz`` is 200 while the process runs;
+``/readyz`` is 200 while the consumer reaches Redis and is not shutting down, else 503. A port
+of 0 turns that server off.
+
+Both are served by hypercorn on trio in a thread of their own (its own event loop), so a busy
+consumer loop never delays a scrape or a probe, and connections are served concurrently: a
+client that connects and sends nothing, or sends half a request, holds only its own
+connection. Each connection is closed once it has gone ``idle_timeout`` seconds without a
+complete request (from its opening, or from its last answer), and when a read or a write
+waits longer than that. A request head over 16 KiB is answered 431 and closed, bytes that
+are not HTTP 400 and closed. At most ``max_connections`` are open at once over both
+servers; one beyond that is accepted and closed at once (never queued), so the listen
+backlog cannot fill with waiters.
+
+hypercorn has no bound on connections, so the listener wrapper here adds one and runs
+hypercorn's own per-connection server (``hypercorn.trio.tcp_server.TCPServer``).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
+import math
+import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+import trio
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from prometheus_client import CollectorRegistry, make_asgi_app
 
-__all__ = ["serve_http"]
+__all__ = [
+    "DEFAULT_HTTP_HOST",
+    "DEFAULT_IDLE_TIMEOUT_SECONDS",
+    "DEFAULT_MAX_CONNECTIONS",
+    "HttpBindError",
+    "serve_http",
+]
 
-_StartResponse = Callable[..., Any]
-_App = Callable[[dict[str, Any], _StartResponse], Iterable[bytes]]
+DEFAULT_HTTP_HOST = "0.0.0.0"
+DEFAULT_IDLE_TIMEOUT_SECONDS = 5.0
+DEFAULT_MAX_CONNECTIONS = 512
+_MAX_HEAD_BYTES = 16 * 1024
+_FULL_WARNING_EVERY_SECONDS = 60.0
+
+log = logging.getLogger("claimkit.http")
+
+_Scope = dict[str, Any]
+_Receive = Callable[[], Awaitable[dict[str, Any]]]
+_Send = Callable[[dict[str, Any]], Awaitable[None]]
+_App = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
 
 
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # probes every few seconds would flood the log
+class HttpBindError(Exception):
+    """A server's address cannot be bound.
+
+    Attributes:
+        paths: what that server answers (``"/metrics"``, ``"/healthz and /readyz"`` or all).
+        host: the address given to bind.
+        port: the port given.
+        reason: the system's words, lower case (``"address already in use"``).
+    """
+
+    def __init__(self, paths: str, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {_hostport(host, port)} for {paths}: {reason}")
+        self.paths, self.host, self.port, self.reason = paths, host, port, reason
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _close_other_scopes(scope: _Scope, send: _Send) -> None:
+    """Answer what is not HTTP (a WebSocket upgrade: refused, hypercorn sends 403)."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close"})
+
+
+def _head_too_large(scope: _Scope) -> bool:
+    """Whether the request head is over :data:`_MAX_HEAD_BYTES`. h11 refuses such a head only
+    when it arrives in pieces; one that arrives in one read is refused here, the same way."""
+    size = len(scope.get("raw_path", b"")) + len(scope.get("query_string", b""))
+    return size + sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > _MAX_HEAD_BYTES
+
+
+def _bounded_head(app: _App) -> _App:
+    async def bounded(scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] == "http" and _head_too_large(scope):
+            await _plain(send, 431, b"request head too large\n")
+        else:
+            await app(scope, receive, send)
+
+    return bounded
+
+
+async def _plain(send: _Send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _health_app(ready: Callable[[], tuple[bool, str]]) -> _App:
-    def app(environ: dict[str, Any], start_response: _StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
+    async def app(scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] != "http":
+            await _close_other_scopes(scope, send)
+            return
+        path = scope["path"]
         if path == "/healthz":
-            start_response("200 OK", [("Content-Type", "text/plain")])
-            return [b"ok\n"]
-        if path == "/readyz":
+            await _plain(send, 200, b"ok\n")
+        elif path == "/readyz":
             ok, why = ready()
-            start_response(
-                "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
-            )
-            return [(why + "\n").encode()]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found\n"]
+            await _plain(send, 200 if ok else 503, (why + "\n").encode())
+        else:
+            await _plain(send, 404, b"not found\n")
 
     return app
 
 
-@contextmanager
-def _serving(host: str, port: int, app: _App) -> Iterator[WSGIServer]:
-    server = make_server(host, port, app, handler_class=_Quiet)
-    thread = threading.Thread(target=server.serve_forever, name=f"http-{port}", daemon=True)
-    thread.start()
+def _metrics_app(registry: CollectorRegistry) -> _App:
+    prometheus_app: _App = make_asgi_app(registry)
+
+    async def app(scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] != "http":  # prometheus-client's app asserts on anything else
+            await _close_other_scopes(scope, send)
+            return
+        await prometheus_app(scope, receive, send)
+
+    return app
+
+
+class _Slots:
+    """The connections open over all servers, at most ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self._warned_at = -math.inf
+
+    def take(self, where: str) -> bool:
+        if self.open >= self.limit:
+            now = time.monotonic()
+            if now - self._warned_at >= _FULL_WARNING_EVERY_SECONDS:
+                self._warned_at = now
+                log.warning(
+                    "claimkit: %s has %d connections open, its bound "
+                    "(--http-max-connections); closing new ones until some close",
+                    where,
+                    self.open,
+                )
+            return False
+        self.open += 1
+        return True
+
+    def give_back(self) -> None:
+        self.open -= 1
+
+
+class _WriteBoundedStream(trio.abc.HalfCloseableStream):
+    """A :class:`trio.SocketStream` whose writes give up after ``timeout`` seconds.
+
+    hypercorn writes inside a shielded cancel scope and never times a write out, so a client
+    that sends requests but never reads the answers would hold its connection (and its
+    slot) forever, and stall the servers' stop. A write that takes longer than ``timeout``
+    closes the connection and calls ``stalled`` (which cancels the connection's task: its
+    reader may be parked until the answer is written, where no close reaches it)."""
+
+    def __init__(self, inner: trio.SocketStream, timeout: float, stalled: Callable[[], None]):
+        self._inner, self._timeout, self._stalled = inner, timeout, stalled
+        self.socket = inner.socket  # hypercorn reads the peer's address from it
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with trio.move_on_after(self._timeout) as scope:  # a deadline of its own beats a shield
+            await self._inner.send_all(data)
+        if scope.cancelled_caught:
+            await trio.aclose_forcefully(self._inner)
+            self._stalled()
+            raise trio.BrokenResourceError(f"the client read nothing for {self._timeout} s")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self._inner.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _BoundedListener(trio.abc.Listener[trio.SocketStream]):
+    """A :class:`trio.SocketListener` that closes a connection at once when all slots are
+    taken, instead of leaving it queued in the kernel's backlog."""
+
+    def __init__(self, inner: trio.SocketListener, slots: _Slots, where: str) -> None:
+        self._inner, self._slots, self._where = inner, slots, where
+
+    async def accept(self) -> trio.SocketStream:
+        while True:
+            stream = await self._inner.accept()
+            if self._slots.take(self._where):
+                return stream
+            await stream.aclose()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    sock: socket.socket
+    app: _App
+    where: str
+
+
+class _TCPServer(TCPServer):
+    """hypercorn's connection server, freeing its slot as soon as the client has gone:
+    stock, it keeps the closed connection (and its descriptor) until the idle timer ends."""
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        await self.idle_task.stop()
+
+
+def _hypercorn_config(idle_timeout: float) -> HypercornConfig:
+    hc = HypercornConfig()
+    hc.keep_alive_timeout = idle_timeout  # idle from connect or from the last answer
+    hc.read_timeout = max(1, math.ceil(idle_timeout))  # one receive; hypercorn takes whole s
+    hc.h11_max_incomplete_size = _MAX_HEAD_BYTES
+    hc.h2_max_header_list_size = _MAX_HEAD_BYTES
+    hc.include_server_header = False
+    hc.accesslog = None
+    # A logger object (not "-") keeps hypercorn from installing its own stderr handler.
+    hc.errorlog = log
+    return hc
+
+
+class _Runner:
+    """hypercorn serving the bound sockets in a thread running its own ``trio.run``."""
+
+    def __init__(self, bound: Sequence[_Bound], idle_timeout: float, max_connections: int):
+        self._bound = bound
+        self._config = _hypercorn_config(idle_timeout)
+        self._slots = _Slots(max_connections)
+        self._started = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._cancel = trio.CancelScope()
+        self._thread = threading.Thread(target=self._run, name="claimkit-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait()
+
+    def stop(self) -> None:
+        if self._token is not None:
+            try:  # not from_thread.run_sync: the caller may be a trio loop (serve's)
+                self._token.run_sync_soon(self._cancel.cancel)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException:  # the consumer goes on; the probes will say the rest
+            log.exception("claimkit: the metrics/health servers stopped")
+        finally:
+            self._started.set()
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        context = WorkerContext(None)
+        with self._cancel:
+            async with trio.open_nursery() as nursery:
+                for b in self._bound:
+                    listener = _BoundedListener(
+                        trio.SocketListener(trio.socket.from_stdlib_socket(b.sock)),
+                        self._slots,
+                        b.where,
+                    )
+                    app = ASGIWrapper(_bounded_head(b.app))  # type: ignore[arg-type]
+                    handler = partial(self._connection, app, context)
+                    nursery.start_soon(partial(trio.serve_listeners, handler, [listener]))
+                self._started.set()
+
+    async def _connection(
+        self, app: ASGIWrapper, context: WorkerContext, stream: trio.SocketStream
+    ) -> None:
+        try:
+            with trio.CancelScope() as scope:
+                timeout = self._config.keep_alive_timeout
+                bounded = _WriteBoundedStream(stream, timeout, scope.cancel)
+                await _TCPServer(app, self._config, context, {}, bounded)  # type: ignore[arg-type]
+        finally:
+            self._slots.give_back()
+
+
+def _listen(host: str, port: int, backlog: int, paths: str) -> socket.socket:
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # "::" takes IPv4 too
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        reason = (exc.strerror or str(exc)).lower()
+        raise HttpBindError(paths, host, port, reason) from exc
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 @contextmanager
@@ -65,39 +341,58 @@ def serve_http(
     health_port: int,
     registry: CollectorRegistry,
     ready: Callable[[], tuple[bool, str]],
-    host: str = "0.0.0.0",
+    host: str = DEFAULT_HTTP_HOST,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT_SECONDS,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> Iterator[dict[str, int]]:
     """Serve ``/metrics`` on ``metrics_port`` and ``/healthz`` + ``/readyz`` on
     ``health_port`` while the ``with`` block runs. When both ports are equal one server
-    answers all three paths.
+    answers all three paths; a port of 0 serves nothing there.
 
     Args:
-        ready: called per ``/readyz`` probe; returns ``(ready, reason)``.
+        ready: called per ``/readyz`` probe, from the servers' thread; returns
+            ``(ready, reason)``.
+        host: the IP address to bind (``"0.0.0.0"`` every IPv4 interface, ``"::"`` every
+            interface).
+        idle_timeout: seconds a connection may stay open without a complete request.
+        max_connections: connections open at once over both servers.
 
     Yields:
         ``{"metrics": port, "health": port}`` of the servers actually started (bound ports).
 
     Raises:
-        OSError: a port is taken (the caller reports it as one line).
+        HttpBindError: a port is taken or the address is not this host's (one line).
     """
-    metrics_app = make_wsgi_app(registry)
-    health_app = _health_app(ready)
+    health = _health_app(ready)
+    metrics = _metrics_app(registry)
 
-    def both(environ: dict[str, Any], start_response: _StartResponse) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") in ("/healthz", "/readyz"):
-            return health_app(environ, start_response)
-        return metrics_app(environ, start_response)  # type: ignore[no-any-return]
-
-    bound: dict[str, int] = {}
-    with ExitStack() as stack:
-        if metrics_port and metrics_port == health_port:
-            server = stack.enter_context(_serving(host, metrics_port, both))
-            bound["metrics"] = bound["health"] = server.server_port
+    async def both(scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] == "http" and scope["path"] in ("/healthz", "/readyz"):
+            await health(scope, receive, send)
         else:
-            if metrics_port:
-                server = stack.enter_context(_serving(host, metrics_port, metrics_app))
-                bound["metrics"] = server.server_port
-            if health_port:
-                server = stack.enter_context(_serving(host, health_port, health_app))
-                bound["health"] = server.server_port
+            await metrics(scope, receive, send)
+
+    wanted: list[tuple[str, int, _App, str]] = []
+    if metrics_port and metrics_port == health_port:
+        wanted.append(("metrics+health", metrics_port, both, "/metrics, /healthz and /readyz"))
+    else:
+        if metrics_port:
+            wanted.append(("metrics", metrics_port, metrics, "/metrics"))
+        if health_port:
+            wanted.append(("health", health_port, health, "/healthz and /readyz"))
+    backlog = min(max_connections, socket.SOMAXCONN)
+    bound: dict[str, int] = {}
+    servers: list[_Bound] = []
+    with ExitStack() as stack:
+        for role, port, app, paths in wanted:
+            sock = _listen(host, port, backlog, paths)
+            stack.callback(sock.close)  # trio closes it too; closing twice is harmless
+            real = int(sock.getsockname()[1])
+            for name in role.split("+"):
+                bound[name] = real
+            servers.append(_Bound(sock, app, f"the {paths} server on {_hostport(host, real)}"))
+        if servers:
+            runner = _Runner(servers, idle_timeout, max_connections)
+            runner.start()
+            stack.callback(runner.stop)
         yield bound

@@ -13,7 +13,7 @@ import trio
 
 from ._config import Config, ConfigError
 from ._consumer import Consumer, Summary, check_keys, key_roles
-from ._health import serve_http
+from ._health import HttpBindError, serve_http
 from ._store import Store, StoreUnavailable, open_store
 
 __all__ = ["serve_forever"]
@@ -89,6 +89,19 @@ async def _preflight(store: Store, config: Config) -> None:
         log.warning("claimkit: Redis is unavailable at start (%s); retrying until it answers", exc)
 
 
+def _bind_error_line(exc: HttpBindError, config: Config) -> str:
+    """One line naming the address, the port, and the flag and config field that set it."""
+    if config.metrics_port == config.health_port:
+        knobs = "--metrics-port and --health-port (config metrics_port, health_port)"
+    elif exc.paths == "/metrics":
+        knobs = "--metrics-port (config metrics_port)"
+    else:
+        knobs = "--health-port (config health_port)"
+    if "assign requested address" in exc.reason:  # EADDRNOTAVAIL: not this host's address
+        return f"{exc}; set --http-host (config http_host) to an address of this host"
+    return f"{exc}; set {knobs} to a free port, or 0 to turn that server off"
+
+
 async def serve_forever(config: Config, *, backend: str = "coredis") -> Summary:
     """Run the consumer until SIGTERM/SIGINT and return its summary.
 
@@ -109,25 +122,27 @@ async def _serve(config: Config, backend: str, early: _EarlySignals) -> Summary:
             consumer = Consumer(config, store)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        servers = serve_http(
+            metrics_port=config.metrics_port,
+            health_port=config.health_port,
+            registry=consumer.metrics.registry,
+            ready=consumer.ready,
+            host=config.http_host,
+            idle_timeout=config.http_idle_timeout_seconds,
+            max_connections=config.http_max_connections,
+        )
         try:
-            servers = serve_http(
-                metrics_port=config.metrics_port,
-                health_port=config.health_port,
-                registry=consumer.metrics.registry,
-                ready=consumer.ready,
-            )
             bound = servers.__enter__()
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot serve HTTP on the metrics/health port: {exc.strerror or exc}"
-            ) from exc
+        except HttpBindError as exc:
+            raise ConfigError(_bind_error_line(exc, config)) from exc
         try:
             log.info(
-                "claimkit: serving %s on %s (metrics %s, health %s)",
+                "claimkit: serving %s on %s (metrics %s, health %s, on %s)",
                 ", ".join(q.queue_name for q in config.queues),
                 store.url,
                 bound.get("metrics", "off"),
                 bound.get("health", "off"),
+                config.http_host,
             )
             async with trio.open_nursery() as nursery:
                 await nursery.start(_signals, consumer, early)

@@ -353,7 +353,8 @@ NUMBERS = st.one_of(
 NUMERIC_FIELDS = [
     "poll_interval_ms", "batch_size", "claim_lease_ttl_seconds", "claim_reclaim_interval_ms",
     "result_dedup_ttl_seconds", "max_deliveries", "concurrency", "request_timeout_seconds",
-    "drain_timeout_seconds", "metrics_port", "health_port",
+    "drain_timeout_seconds", "metrics_port", "health_port", "http_idle_timeout_seconds",
+    "http_max_connections",
 ]  # fmt: skip
 QUEUE_FIELDS = {
     "queue_name": st.one_of(odd_text, JUNK),
