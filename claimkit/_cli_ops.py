@@ -623,7 +623,7 @@ def _record_line(raw: bytes, *, as_json: bool) -> str:
 
     try:
         rec = TerminalRecord.from_json(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # a popped element must still be printed
         return f"?  (not a terminal record)  {text[:RESULT_LINE_PREVIEW]}"
     if rec.error_code is not None:
         return f"{rec.id}  {rec.error_code}  {rec.error_message}"
