@@ -400,7 +400,7 @@ def reclaim(
                     default_result_list=config.result_queue_name,
                     dedup_ttl=config.result_dedup_ttl_seconds,
                 )
-                out[q.queue_name] = await ops.reclaim(config.max_deliveries)
+                out[q.queue_name] = await ops.reclaim(config.max_deliveries, full_scan=True)
             return out
 
     per_queue = _run(go, url=config.url)
@@ -415,12 +415,14 @@ def reclaim(
                         "redelivered": c.redelivered,
                         "dead_lettered": c.dead,
                         "ghosts": c.ghosts,
+                        "orphans": c.orphans,
                     }
                     for name, c in per_queue.items()
                 },
                 "redelivered": total.redelivered,
                 "dead_lettered": total.dead,
                 "ghosts": total.ghosts,
+                "orphans": total.orphans,
             }
         )
     else:
@@ -428,6 +430,14 @@ def reclaim(
             f"claimkit reclaim: queues={len(per_queue)} redelivered={total.redelivered} "
             f"dead_lettered={total.dead} ghosts={total.ghosts}"
         )
+    for name, c in per_queue.items():
+        if c.orphans:
+            typer.echo(
+                f"claimkit reclaim: warning: {c.orphans} claims of {name} had no lease entry "
+                "(evicted, partly restored or edited by hand?) and were handled as expired; "
+                'see docs/operations.md, "Eviction"',
+                err=True,
+            )
 
 
 # -- dead ------------------------------------------------------------------------------------
