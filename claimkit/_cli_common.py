@@ -16,6 +16,7 @@ import typer
 
 from ._config import Config, ConfigError, load_config
 from ._producer import SubmitError
+from ._server_checks import ClusterUnsupported
 from ._store import StoreError, StoreUnavailable, redact_url
 
 T = TypeVar("T")
@@ -99,6 +100,8 @@ def run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
             raise
         if isinstance(found, StoreUnavailable):
             fail(f"Redis at {redact_url(url)} is unavailable: {found}")
+        if isinstance(found, ClusterUnsupported):
+            fail(str(found))  # one line that names the URL already
         if isinstance(found, StoreError):
             fail(f"Redis at {redact_url(url)} {_auth_hint(str(found))}: {found}")
         fail(str(found))

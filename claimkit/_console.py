@@ -152,7 +152,11 @@ def _counts(snap: QueueSnapshot) -> Text:
     parts: list[tuple[str, str, str]] = [
         ("pending", str(snap.pending), ""),
         ("claimed", ("" if snap.claims_exact else "≥") + str(snap.claimed), ""),
-        ("orphans", str(snap.orphans), "bold red" if snap.orphans else ""),
+        (
+            "orphans",
+            ("" if snap.claims_exact else "≥") + str(snap.orphans),
+            "bold red" if snap.orphans else "",
+        ),
         ("expired", str(snap.expired), "bold red" if snap.expired else ""),
         ("retrying", ("" if snap.retrying_exact else "≥") + str(snap.retrying), ""),
         ("dead", str(snap.dead), "bold yellow" if snap.dead else ""),

@@ -223,9 +223,15 @@ async def open_store(
         timeout: seconds allowed for connecting and for each reply; a hung Redis then
             surfaces as :class:`StoreUnavailable` instead of a stuck task.
 
+    The store refuses a Redis Cluster node: its first call checks ``INFO`` first and
+    raises :class:`~claimkit._server_checks.ClusterUnsupported` (one line) before anything
+    is sent (docs/operations.md, "Redis Cluster").
+
     Raises:
         ValueError: a malformed URL or an unknown backend, before anything connects.
     """
+    from ._server_checks import StandaloneOnly
+
     check_url(url)
     if backend == "coredis":
         from ._store_coredis import open_coredis_store
@@ -234,7 +240,7 @@ async def open_store(
         # in an ExceptionGroup. That group is an implementation detail: unwrap a lone error.
         try:
             async with open_coredis_store(url, timeout=timeout) as store:
-                yield store
+                yield StandaloneOnly(store)
         except BaseExceptionGroup as group:
             if len(group.exceptions) == 1 and not isinstance(
                 group.exceptions[0], BaseExceptionGroup
@@ -244,7 +250,7 @@ async def open_store(
     elif backend == "redispy":
         from ._store_redispy import open_redispy_store
 
-        async with open_redispy_store(url, timeout=timeout) as store:
-            yield store
+        async with open_redispy_store(url, timeout=timeout) as redispy_store:
+            yield StandaloneOnly(redispy_store)
     else:
         raise ValueError(f"unknown store backend {backend!r}: use 'coredis' or 'redispy'")

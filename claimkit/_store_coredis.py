@@ -37,7 +37,26 @@ def _translated() -> Iterator[None]:
     except cx.RedisError as exc:
         if "LOADING" in str(exc) or "MASTERDOWN" in str(exc):
             raise StoreUnavailable(str(exc)) from exc
-        raise StoreError(str(exc)) from exc
+        raise StoreError(_with_cluster_code(exc)) from exc
+
+
+# coredis strips the error code from a reply ("MOVED 838 host:port" reads "838 host:port");
+# a cluster's replies need theirs to be understood (claimkit._server_checks refuses them).
+_CLUSTER_CODES: tuple[tuple[type[Exception], str], ...] = (
+    (cx.MovedError, "MOVED"),
+    (cx.AskError, "ASK"),
+    (cx.ClusterDownError, "CLUSTERDOWN"),
+    (cx.ClusterCrossSlotError, "CROSSSLOT"),
+    (cx.TryAgainError, "TRYAGAIN"),
+)
+
+
+def _with_cluster_code(exc: Exception) -> str:
+    text = str(exc)
+    for kind, code in _CLUSTER_CODES:
+        if isinstance(exc, kind):
+            return text if text.startswith(code) else f"{code} {text}"
+    return text
 
 
 class CoredisStore:
