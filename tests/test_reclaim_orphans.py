@@ -259,3 +259,17 @@ def _run(url: str, fn: Any) -> Any:
 
 def server_now_sync(url: str) -> float:
     return float(_run(url, server_now))
+
+
+async def test_drain_releases_an_orphan_without_counting_a_delivery(store: Store) -> None:
+    from claimkit._drain import drain_claims
+
+    with trio.fail_after(10):
+        now = int(await server_now(store))
+        raw_a, raw_b = await claim(store, [("a", now + 600), ("b", now + 700)])
+        await store.command("ZREM", K.index, "a")
+        report = await drain_claims(store, Q)
+        assert (report.seen, report.released, report.gone, report.ghosts) == (2, 2, 0, 0)
+        assert await snapshot(store) == {
+            K.pending: [(raw_a, float(now + 600)), (raw_b, float(now + 700))]
+        }
