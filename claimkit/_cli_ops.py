@@ -211,7 +211,8 @@ def inspect_queue(
 ) -> None:
     """Show a queue's state without changing it (SPEC §1, §8).
 
-    Counts (pending, claimed, expired, retrying, dead, results), the oldest pending
+    Counts (pending, claimed, orphans: claims without a lease entry, expired, retrying,
+    dead, results), the oldest pending
     deadline, and the claims with the earliest lease expiry first: id, owner token
     (short), lease left on the Redis server clock, deliveries, and how long the claim has
     been held (exact for claimkit's tokens, which carry their claim time; with --watch a
@@ -366,8 +367,10 @@ def reclaim(
 
     Each expired claim goes back to pending at its original score with its delivery count
     raised; one that reaches max_deliveries is dead-lettered with a MAX_DELIVERIES_EXCEEDED
-    record. Passes repeat until no expired claim is left. Meant for cron: prints one
-    summary line (or --json), exit status 0; on a Redis or config error one line and 1.
+    record. Passes repeat until no expired claim is left. Claims without a lease entry
+    (evicted or partly restored) count as expired and are reported on stderr. Meant for
+    cron: prints one summary line (or --json), exit status 0; on a Redis or config error
+    one line and 1.
     Needs no running consumer.
 
     Example:
