@@ -110,3 +110,24 @@ async def test_a_standalone_redis_is_not_refused(store: object) -> None:
         assert await store.command("SET", "k", "v") == b"OK"
         assert store.info is not None
         assert store.info["cluster_enabled"] == "0"
+
+
+@pytest.mark.redispy
+async def test_the_redispy_store_refuses_a_cluster_too(redis_cluster: RedisCluster) -> None:
+    moved = redis_cluster.call(0, "GET", "foo")
+    url = redis_cluster.url.replace("redis://", "redis://noinfo:pw@")
+    shown = redis_cluster.url.replace("redis://", "redis://noinfo:***@")
+    with trio.fail_after(20):
+        async with open_store(redis_cluster.url, backend="redispy") as store:
+            with pytest.raises(ClusterUnsupported) as info:
+                await store.command("PING")
+            assert str(info.value) + "\n" == refusal(redis_cluster.url).removeprefix("claimkit: ")
+        for i in range(3):
+            rule = ["on", ">pw", "~*", "+@all", "-info"]
+            assert redis_cluster.call(i, "ACL", "SETUSER", "noinfo", *rule) == b"OK"
+        async with open_store(url, backend="redispy") as store:
+            with pytest.raises(ClusterUnsupported) as info:
+                await store.command("SET", "foo", "x")
+            expected = refusal(shown, f"it answered {moved}").removeprefix("claimkit: ")
+            assert str(info.value) + "\n" == expected
+    assert redis_cluster.dbsizes() == [0, 0, 0]
