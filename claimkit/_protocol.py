@@ -156,10 +156,11 @@ class _OrphanScan:
     target: int = _SCAN_CLAIMED
     cursor: bytes = b"0"
 
-    def advance(self, next_cursor: bytes, more: bool) -> bool:
-        """Take the cursor a call returned; whether a whole cycle just ended."""
+    def advance(self, next_cursor: bytes, capped: bool) -> bool:
+        """Take the cursor a call returned (``capped``: the same page is to be read again);
+        whether a whole cycle just ended."""
         self.cursor = next_cursor
-        if more or next_cursor != b"0":
+        if capped or next_cursor != b"0":
             return False
         if self.target == _SCAN_CLAIMED:
             self.target = _SCAN_OWNERS
@@ -412,7 +413,7 @@ class QueueOps:
         )
         redelivered, dead, ghosts, more, orphans = (_int(v) for v in reply[:5])
         cursor = reply[5] if isinstance(reply[5], bytes) else str(reply[5]).encode()
-        cycle_done = scan.advance(cursor, bool(more))
+        cycle_done = scan.advance(cursor, bool(_int(reply[6])))
         return ReclaimCounts(redelivered, dead, ghosts, orphans), bool(more), cycle_done
 
     async def reclaim(

@@ -37,11 +37,11 @@
     ARGV[8] the HSCAN cursor to read from ("0" starts a cycle)
     ARGV[9] scan_count: the HSCAN COUNT, and at most this many orphans per call
 
-  Output: { redelivered, dead, ghosts, more, orphans, cursor } where more is 1 when the
-    limit was reached or the scan page held more orphans than scan_count (call again),
-    orphans counts the claims without a lease entry handled (they are also counted as
-    redelivered, dead or ghosts), and cursor is the one to pass next ("0": cycle done,
-    unless more is 1).
+  Output: { redelivered, dead, ghosts, more, orphans, cursor, capped } where more is 1
+    when the limit was reached or the scan page held more orphans than scan_count (call
+    again), orphans counts the claims without a lease entry handled (they are also counted
+    as redelivered, dead or ghosts), cursor is the one to pass next, and capped is 1 when
+    that is the same page again ("0" and capped 0: this hash's scan cycle is done).
 ]]
 -- @include _server-now
 -- @include _push-terminal
@@ -138,4 +138,6 @@ for k, id in ipairs(expired) do
 end
 local more = 0
 if full or capped then more = 1 end
-return { redelivered, dead, ghosts, more, orphans, next_cursor }
+local capped_flag = 0
+if capped then capped_flag = 1 end
+return { redelivered, dead, ghosts, more, orphans, next_cursor, capped_flag }
