@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 import trio
+from conftest import RedisFactory
 
 from claimkit._keys import QueueKeys
 from claimkit._scripts import all_scripts
-from claimkit._store import Arg, Store, StoreError
+from claimkit._store import Arg, Store, StoreError, open_store
 
 Q = "q"
 K = QueueKeys.for_queue(Q)
@@ -351,3 +352,35 @@ async def test_a_broken_hash_field_never_fails_a_script_or_drops_a_payload(
         dead = await store.command("ZRANGE", K.dead, 0, -1)
         held = await store.command("HMGET", K.claimed, "a", "b")
         assert sorted([*pending, *dead, *(h for h in held if h)]) == sorted([MA, MB])
+
+
+async def test_out_of_memory_never_fails_a_script_half_way(redis_factory: RedisFactory) -> None:
+    """Redis out of memory (noeviction): a script is refused only at its first write that
+    needs memory, before anything is written; once it has written it runs to the end."""
+    server = redis_factory(extra_args=["--maxmemory-policy", "noeviction"])
+    with trio.fail_after(60):
+        refused: set[str] = set()
+        async with open_store(server.url) as store:
+            for name, case in CASES.items():
+                await store.command("CONFIG", "SET", "maxmemory", "0")
+                await store.command("FLUSHDB")
+                if case.seed:
+                    await store.pipeline(case.seed, transaction=True)
+                await fill_memory(store)
+                before = await dump(store)
+                try:
+                    await store.run(all_scripts()[case.script], case.keys, case.argv)
+                except StoreError as exc:
+                    assert "OOM" in str(exc), (name, exc)
+                    assert await dump(store) == before, name
+                    refused.add(name)
+        # Those whose first write needs memory are refused; the others run to the end.
+        assert {"ack", "renew"} <= refused
+
+
+async def fill_memory(store: Store) -> None:
+    """Put Redis over its memory limit: 2 MB of data, then ``maxmemory`` 1 MB."""
+    await store.command("SET", "filler", "x" * 2_000_000)
+    await store.command("CONFIG", "SET", "maxmemory", "1mb")
+    with pytest.raises(StoreError, match="OOM"):
+        await store.command("LPUSH", "probe", "x")
