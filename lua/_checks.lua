@@ -30,10 +30,9 @@ local function number_arg(i)
 end
 
 local function list_usable(key, what)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind ~= 'list' and kind ~= 'none' then
-    error('claimkit: ' .. what .. ' ' .. key .. ' holds a ' .. kind .. ', not a list')
-  end
+  -- A key of another type fails here with Redis's own WRONGTYPE error, as guard_keys does
+  -- (the consumer recognises it and checks its keys' types).
+  redis.call('LLEN', key)
   for _, k in ipairs(KEYS) do
     if k == key then error('claimkit: ' .. what .. ' ' .. key .. ' is one of the queue keys') end
   end

@@ -60,7 +60,7 @@ if scan_target ~= 0 then
   end
   scan_count = count_arg(9, 1)
 end
-list_usable(ARGV[4], 'ARGV[4]')
+list_usable(ARGV[4], 'the fallback result list')
 local now = server_now()
 local expired = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 local full = #expired == limit
