@@ -105,6 +105,14 @@ def serve(
         str, typer.Option("--store", help="Redis client: coredis, or redispy (optional extra).")
     ] = "coredis",
     log_level: Annotated[str, typer.Option(help="Python logging level.")] = "INFO",
+    allow_eviction: Annotated[
+        bool,
+        typer.Option(
+            "--allow-eviction",
+            help="Serve even when Redis's maxmemory-policy can evict any key (allkeys-*): "
+            'a warning instead of the refusal (docs/operations.md, "Eviction").',
+        ),
+    ] = False,
 ) -> None:
     """Consume every configured queue until SIGTERM/SIGINT (SPEC §3-§5).
 
@@ -147,7 +155,10 @@ def serve(
         logging.getLogger("coredis").setLevel(logging.WARNING)
     from ._serve import serve_forever
 
-    summary = run(lambda: serve_forever(config, backend=store_backend), url=config.url)
+    summary = run(
+        lambda: serve_forever(config, backend=store_backend, allow_eviction=allow_eviction),
+        url=config.url,
+    )
     typer.echo(summary.line())
 
 

@@ -17,6 +17,7 @@ import typer
 
 from ._config import Config, ConfigError, has_password, load_config
 from ._producer import SubmitError
+from ._server_checks import ClusterUnsupported
 from ._store import (
     CLIENT_CERT_HINT,
     StoreError,
@@ -137,6 +138,8 @@ def run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
             fail(f"Redis at {redact_url(url)}: {found} (docs/security.md)")
         if isinstance(found, StorePermissionError):
             fail(f"Redis at {redact_url(url)} refused a command under its ACL: {found}")
+        if isinstance(found, ClusterUnsupported):
+            fail(str(found))  # one line that names the URL already
         if isinstance(found, StoreError):
             fail(f"Redis at {redact_url(url)} {_auth_hint(str(found))}: {found}")
         fail(str(found))

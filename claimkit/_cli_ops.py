@@ -211,7 +211,8 @@ def inspect_queue(
 ) -> None:
     """Show a queue's state without changing it (SPEC §1, §8).
 
-    Counts (pending, claimed, expired, retrying, dead, results), the oldest pending
+    Counts (pending, claimed, orphans: claims without a lease entry, expired, retrying,
+    dead, results), the oldest pending
     deadline, and the claims with the earliest lease expiry first: id, owner token
     (short), lease left on the Redis server clock, deliveries, and how long the claim has
     been held (exact for claimkit's tokens, which carry their claim time; with --watch a
@@ -366,8 +367,10 @@ def reclaim(
 
     Each expired claim goes back to pending at its original score with its delivery count
     raised; one that reaches max_deliveries is dead-lettered with a MAX_DELIVERIES_EXCEEDED
-    record. Passes repeat until no expired claim is left. Meant for cron: prints one
-    summary line (or --json), exit status 0; on a Redis or config error one line and 1.
+    record. Passes repeat until no expired claim is left. Claims without a lease entry
+    (evicted or partly restored) count as expired and are reported on stderr. Meant for
+    cron: prints one summary line (or --json), exit status 0; on a Redis or config error
+    one line and 1.
     Needs no running consumer.
 
     Example:
@@ -400,7 +403,7 @@ def reclaim(
                     default_result_list=config.result_queue_name,
                     dedup_ttl=config.result_dedup_ttl_seconds,
                 )
-                out[q.queue_name] = await ops.reclaim(config.max_deliveries)
+                out[q.queue_name] = await ops.reclaim(config.max_deliveries, full_scan=True)
             return out
 
     per_queue = _run(go, url=config.url)
@@ -415,12 +418,14 @@ def reclaim(
                         "redelivered": c.redelivered,
                         "dead_lettered": c.dead,
                         "ghosts": c.ghosts,
+                        "orphans": c.orphans,
                     }
                     for name, c in per_queue.items()
                 },
                 "redelivered": total.redelivered,
                 "dead_lettered": total.dead,
                 "ghosts": total.ghosts,
+                "orphans": total.orphans,
             }
         )
     else:
@@ -428,6 +433,14 @@ def reclaim(
             f"claimkit reclaim: queues={len(per_queue)} redelivered={total.redelivered} "
             f"dead_lettered={total.dead} ghosts={total.ghosts}"
         )
+    for name, c in per_queue.items():
+        if c.orphans:
+            typer.echo(
+                f"claimkit reclaim: warning: {c.orphans} claims of {name} had no lease entry "
+                "(evicted, partly restored or edited by hand?) and were handled as expired; "
+                'see docs/operations.md, "Eviction"',
+                err=True,
+            )
 
 
 # -- dead ------------------------------------------------------------------------------------
@@ -623,7 +636,7 @@ def _record_line(raw: bytes, *, as_json: bool) -> str:
 
     try:
         rec = TerminalRecord.from_json(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # a popped element must still be printed
         return f"?  (not a terminal record)  {text[:RESULT_LINE_PREVIEW]}"
     if rec.error_code is not None:
         return f"{rec.id}  {rec.error_code}  {rec.error_message}"

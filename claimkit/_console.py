@@ -151,7 +151,12 @@ def _counts(snap: QueueSnapshot) -> Text:
     text = Text()
     parts: list[tuple[str, str, str]] = [
         ("pending", str(snap.pending), ""),
-        ("claimed", str(snap.claimed), ""),
+        ("claimed", ("" if snap.claims_exact else "≥") + str(snap.claimed), ""),
+        (
+            "orphans",
+            ("" if snap.claims_exact else "≥") + str(snap.orphans),
+            "bold red" if snap.orphans else "",
+        ),
         ("expired", str(snap.expired), "bold red" if snap.expired else ""),
         ("retrying", ("" if snap.retrying_exact else "≥") + str(snap.retrying), ""),
         ("dead", str(snap.dead), "bold yellow" if snap.dead else ""),
@@ -185,7 +190,7 @@ def snapshot_view(snap: QueueSnapshot, *, url: str) -> RenderableType:
         f"retry set {snap.retry_set}: {snap.retry_total} in all; result lists: {lists}",
         style="dim",
     )
-    shown = f"claims ({len(snap.claims)} of {snap.claimed}, earliest lease expiry first)"
+    shown = f"claims ({len(snap.claims)} of {snap.leases}, earliest lease expiry first)"
     parts: list[RenderableType] = [header, _counts(snap), oldest, detail]
     if snap.claims:
         parts.append(claims_table(snap.claims, now=snap.server_time, title=shown))

@@ -921,6 +921,14 @@ class Consumer:
                         continue
                     log.warning("reclaim %s: %s; retrying next interval", q.name, exc)
                     continue
+                if counts.orphans:
+                    log.warning(
+                        "reclaim %s: %d claims had no lease entry (evicted, partly restored "
+                        "or edited by hand?) and were handled as expired; see "
+                        'docs/operations.md, "Eviction"',
+                        q.name,
+                        counts.orphans,
+                    )
                 if counts.redelivered or counts.dead:
                     log.info(
                         "reclaim %s: redelivered=%d dead=%d ghosts=%d",

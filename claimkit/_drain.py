@@ -60,9 +60,15 @@ class DrainReport:
 
 
 async def list_claim_ids(store: Store, queue: str) -> list[str]:
-    """Every id in ``<q>:claims-idx``, earliest lease expiry first (one ``ZRANGE``)."""
-    index = QueueOps(store, queue).keys.index
-    return [rid.decode() for rid in await store.command("ZRANGE", index, 0, -1)]
+    """Every id in ``<q>:claims-idx``, earliest lease expiry first (one ``ZRANGE``), then
+    the ids of ``<q>:claim-owners`` that have no lease entry (orphans, docs/protocol.md,
+    "Claims without a lease entry"), in one ``MULTI``."""
+    keys = QueueOps(store, queue).keys
+    indexed, owned = await store.pipeline(
+        [("ZRANGE", keys.index, 0, -1), ("HKEYS", keys.owners)], transaction=True
+    )
+    seen = set(indexed)
+    return [rid.decode() for rid in [*indexed, *(o for o in owned if o not in seen)]]
 
 
 async def drain_claims(
@@ -115,7 +121,9 @@ async def drain_claims(
         )
         claims: list[tuple[str, str, float | None]] = []
         for rid, owner, expiry in zip(batch, owners, expiries, strict=True):
-            if expiry is None:
+            if expiry is None and owner is not None:
+                claims.append((rid, owner.decode(), None))  # an orphan: fenced by token only
+            elif expiry is None:
                 report.gone += 1
             elif owner is None:
                 report.ghosts += 1

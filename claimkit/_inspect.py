@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._store import Store
 
 __all__ = [
+    "CLAIM_SCAN_MAX",
     "RETRY_SCAN_MAX",
     "ClaimRow",
     "QueueSnapshot",
@@ -41,6 +42,11 @@ __all__ = [
 RETRY_SCAN_MAX = 1000
 """At most this many retry-set members are read to count the ones routed to a queue. A
 larger retry set is counted as a lower bound (``retrying_exact`` False)."""
+
+CLAIM_SCAN_MAX = 100_000
+"""At most this many fields of each claim hash are read to count claims without a lease
+entry (a few ms of Redis time per 10,000). Beyond it ``claimed`` and ``orphans`` are lower
+bounds (``claims_exact`` False)."""
 
 
 class WrongKeyType(ConfigError):
@@ -173,8 +179,9 @@ class QueueSnapshot:
         server_time: the instant the queue's keys were read.
         pending: ``ZCARD <q>``.
         oldest_pending_deadline: the lowest pending score (the next deadline), or ``None``.
-        claimed: ``ZCARD <q>:claims-idx`` (claims, ghosts included).
-        expired: claims whose lease expiry is ``<= server_time``.
+        claimed: the claims held: ``HLEN <q>:claim-owners``, plus payloads in
+            ``<q>:claimed`` that have neither an owner nor a lease entry.
+        expired: lease entries whose expiry is ``<= server_time``.
         dead: ``ZCARD <q>:dead``.
         redelivered: requests with a delivery count (``HLEN <q>:deliveries``).
         retry_set: the retry ZSET's name.
@@ -185,6 +192,12 @@ class QueueSnapshot:
         results: ``LLEN`` of each result list this queue writes to, by name.
         claims: up to ``limit`` claim rows, earliest lease expiry first.
         limit: the row bound asked for (0 = all).
+        leases: ``ZCARD <q>:claims-idx`` (lease entries, ghosts included): the rows there
+            are to show.
+        orphans: claims without a lease entry (docs/protocol.md, "Claims without a lease
+            entry"); the reclaimer handles them as expired.
+        claims_exact: ``False`` when a claim hash was larger than :data:`CLAIM_SCAN_MAX`
+            fields; ``claimed`` and ``orphans`` are then lower bounds.
     """
 
     queue: str
@@ -202,6 +215,9 @@ class QueueSnapshot:
     results: dict[str, int]
     claims: tuple[ClaimRow, ...]
     limit: int
+    leases: int = 0
+    orphans: int = 0
+    claims_exact: bool = True
 
     @property
     def result_count(self) -> int:
@@ -223,6 +239,7 @@ class QueueSnapshot:
                 "counts": {
                     "pending": self.pending,
                     "claimed": self.claimed,
+                    "orphans": self.orphans,
                     "expired": self.expired,
                     "retrying": self.retrying,
                     "dead": self.dead,
@@ -238,7 +255,8 @@ class QueueSnapshot:
                 },
                 "result_lists": dict(self.results),
                 "limit": self.limit,
-                "claims_truncated": len(self.claims) < self.claimed,
+                "claims_exact": self.claims_exact,
+                "claims_truncated": len(self.claims) < self.leases,
                 "claims": [row.to_json() for row in self.claims],
             }
         )
@@ -346,11 +364,13 @@ async def snapshot(
         raise ValueError("limit must be 0 (all) or more")
     k = _keys.QueueKeys.for_queue(queue)
     reply = await store.run(
-        script("inspect"), [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead], [limit]
+        script("inspect"),
+        [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead],
+        [limit, CLAIM_SCAN_MAX],
     )
     now = float(reply[0])
     rows: list[ClaimRow] = []
-    raw_rows = reply[7:]
+    raw_rows = reply[10:]
     for i in range(0, len(raw_rows), 6):
         rid, expiry, owner, score, deliveries, has_payload = raw_rows[i : i + 6]
         lease_expiry = float(expiry)
@@ -391,7 +411,7 @@ async def snapshot(
         server_time=now,
         pending=int(reply[1]),
         oldest_pending_deadline=_float(reply[2]),
-        claimed=int(reply[3]),
+        claimed=int(reply[7]),
         expired=int(reply[4]),
         dead=int(reply[5]),
         redelivered=int(reply[6]),
@@ -402,6 +422,9 @@ async def snapshot(
         results={name: int(n) for name, n in zip(lists, extra[2:], strict=True)},
         claims=tuple(rows),
         limit=limit,
+        leases=int(reply[3]),
+        orphans=int(reply[8]),
+        claims_exact=bool(int(reply[9])),
     )
 
 

@@ -263,11 +263,39 @@ class Producer:
         await self.store.command("SET", cancel, token, "EX", CANCEL_TTL_SECONDS)
         return True
 
-    async def results(self, count: int = 100, *, peek: bool = False) -> list[TerminalRecord]:
-        """Up to ``count`` records, oldest first. ``peek=True`` reads without removing."""
+    async def results(
+        self, count: int = 100, *, peek: bool = False
+    ) -> list[TerminalRecord | bytes]:
+        """Up to ``count`` records of the result list, oldest first.
+
+        ``peek=False`` removes them (``RPOP``); ``peek=True`` reads without removing. Every
+        element read is returned, in list order: a :class:`TerminalRecord` when it is one,
+        else its exact bytes (an element that is not valid JSON or has no string ``id``,
+        written by someone else). A popped element is never dropped, so the caller decides
+        where an unreadable one goes.
+
+        Returns:
+            ``TerminalRecord`` or ``bytes`` per element; ``[]`` when the list is empty.
+
+        Raises:
+            StoreUnavailable, StoreError: from the store. An ``RPOP`` whose reply was lost
+                (a broken connection) may have removed records: read durably with
+                ``claimkit results --follow`` (docs/operations.md).
+
+        Cancellation: a call cancelled after Redis ran the ``RPOP`` loses what it popped,
+        as a lost reply does.
+        """
         if peek:
             raw = await self.store.command("LRANGE", self.result_list, -count, -1)
             raw = list(reversed(raw))
         else:
             raw = await self.store.command("RPOP", self.result_list, count) or []
-        return [TerminalRecord.from_json(r) for r in raw]
+        return [_record_or_raw(r) for r in raw]
+
+
+def _record_or_raw(raw: bytes) -> TerminalRecord | bytes:
+    """``raw`` as a record, or ``raw`` itself when it is not one (never raises)."""
+    try:
+        return TerminalRecord.from_json(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return raw

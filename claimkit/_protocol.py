@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHUNK",
+    "ORPHAN_SCAN_COUNT",
     "RENEW_CHUNK",
     "AckItem",
     "ClaimCode",
@@ -118,16 +119,54 @@ class AckItem:
 
 @dataclass(frozen=True, slots=True)
 class ReclaimCounts:
-    """What one reclaim run did (SPEC §3.7)."""
+    """What one reclaim run did (docs/protocol.md, "Reclaim").
+
+    ``orphans`` counts the claims found without a lease entry (docs/protocol.md, "Claims
+    without a lease entry"); each of them is also counted in ``redelivered``, ``dead`` or
+    ``ghosts``.
+    """
 
     redelivered: int = 0
     dead: int = 0
     ghosts: int = 0
+    orphans: int = 0
 
     def __add__(self, other: ReclaimCounts) -> ReclaimCounts:
         return ReclaimCounts(
-            self.redelivered + other.redelivered, self.dead + other.dead, self.ghosts + other.ghosts
+            self.redelivered + other.redelivered,
+            self.dead + other.dead,
+            self.ghosts + other.ghosts,
+            self.orphans + other.orphans,
         )
+
+
+ORPHAN_SCAN_COUNT = CHUNK
+"""``HSCAN ... COUNT`` of the orphan scan, and the most orphans one reclaim call handles."""
+
+_SCAN_CLAIMED, _SCAN_OWNERS = 2, 3  # the KEYS index of the hash lua/reclaim-6.lua scans
+
+
+@dataclass(slots=True)
+class _OrphanScan:
+    """Where the orphan scan of one queue stands: which hash, at which ``HSCAN`` cursor.
+
+    A cycle reads ``<q>:claimed`` from cursor 0 to 0, then ``<q>:claim-owners`` likewise.
+    """
+
+    target: int = _SCAN_CLAIMED
+    cursor: bytes = b"0"
+
+    def advance(self, next_cursor: bytes, capped: bool) -> bool:
+        """Take the cursor a call returned (``capped``: the same page is to be read again);
+        whether a whole cycle just ended."""
+        self.cursor = next_cursor
+        if capped or next_cursor != b"0":
+            return False
+        if self.target == _SCAN_CLAIMED:
+            self.target = _SCAN_OWNERS
+            return False
+        self.target = _SCAN_CLAIMED
+        return True
 
 
 def _int(value: Any) -> int:
@@ -165,6 +204,7 @@ class QueueOps:
         self.result_list = result_list
         self.default_result_list = default_result_list
         self.dedup_ttl = dedup_ttl
+        self._orphan_scan = _OrphanScan()
 
     def result_list_for(self, member_result_list: str | None) -> str:
         """The destination list of a request's record (SPEC §2.3)."""
@@ -339,10 +379,23 @@ class QueueOps:
 
     # -- §3.7 reclaim ------------------------------------------------------------------------
 
-    async def reclaim_pass(self, limit: int, max_deliveries: int) -> tuple[ReclaimCounts, bool]:
-        """One reclaim script call: up to ``limit`` expired claims. Returns the counts and
-        whether more expired claims may be left."""
+    async def reclaim_pass(
+        self, limit: int, max_deliveries: int, *, scan_count: int = ORPHAN_SCAN_COUNT
+    ) -> tuple[ReclaimCounts, bool]:
+        """One reclaim script call: up to ``limit`` expired claims, and one page (``HSCAN``
+        ``COUNT scan_count``) of the orphan scan, handling at most ``scan_count`` claims
+        without a lease entry. Returns the counts and whether more may be left at once
+        (expired claims beyond ``limit``, or orphans beyond ``scan_count`` on that page).
+        The scan's cursor is kept on this object, so successive calls walk the claim
+        hashes (docs/protocol.md, "Claims without a lease entry")."""
+        counts, more, _ = await self._reclaim_call(limit, max_deliveries, scan_count)
+        return counts, more
+
+    async def _reclaim_call(
+        self, limit: int, max_deliveries: int, scan_count: int
+    ) -> tuple[ReclaimCounts, bool, bool]:
         k = self.keys
+        scan = self._orphan_scan
         reply = await self.store.run(
             script("reclaim"),
             [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead],
@@ -353,22 +406,51 @@ class QueueOps:
                 self.default_result_list,
                 _keys.RESULT_TERMINAL_PREFIX,
                 self.dedup_ttl,
+                scan.target,
+                scan.cursor,
+                scan_count,
             ],
         )
-        redelivered, dead, ghosts, more = (_int(v) for v in reply)
-        return ReclaimCounts(redelivered, dead, ghosts), bool(more)
+        redelivered, dead, ghosts, more, orphans = (_int(v) for v in reply[:5])
+        cursor = reply[5] if isinstance(reply[5], bytes) else str(reply[5]).encode()
+        cycle_done = scan.advance(cursor, bool(_int(reply[6])))
+        return ReclaimCounts(redelivered, dead, ghosts, orphans), bool(more), cycle_done
 
-    async def reclaim(self, max_deliveries: int, limit: int = CHUNK) -> ReclaimCounts:
-        """A full reclaim run (SPEC §3.7): passes repeat until no expired claim is left, so a
-        backlog of any size drains in one run."""
+    async def reclaim(
+        self,
+        max_deliveries: int,
+        limit: int = CHUNK,
+        *,
+        full_scan: bool = False,
+        scan_count: int = ORPHAN_SCAN_COUNT,
+    ) -> ReclaimCounts:
+        """A full reclaim run (docs/protocol.md, "Reclaim"): calls repeat until no expired
+        claim is left, so a backlog of any size drains in one run.
+
+        Each call also reads the next page of the orphan scan (claims without a lease
+        entry, which count as expired). A consumer's periodic run advances the scan by at
+        least one page per run; ``full_scan=True`` (``claimkit reclaim --once``) goes on
+        until the scan has walked both claim hashes once, so every orphan present when it
+        started is found. No call reads more than one page of ``scan_count`` fields.
+
+        Raises:
+            ValueError: ``limit`` or ``scan_count`` is below 1.
+            StoreUnavailable, StoreError: from the store; calls made before stay applied.
+        """
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
+        if scan_count < 1:
+            raise ValueError(f"scan_count must be at least 1, got {scan_count}")
+        if full_scan:
+            self._orphan_scan = _OrphanScan()  # a cycle of its own, from the start
         total = ReclaimCounts()
-        more = True
-        while more:
-            counts, more = await self.reclaim_pass(limit, max_deliveries)
+        while True:
+            counts, more, cycle_done = await self._reclaim_call(limit, max_deliveries, scan_count)
             total += counts
-        return total
+            if more:
+                continue
+            if not full_scan or cycle_done:
+                return total
 
 
 async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:

@@ -14,6 +14,7 @@ import trio
 from ._config import Config, ConfigError
 from ._consumer import Consumer, Summary, check_keys, key_roles
 from ._health import HttpBindError, serve_http
+from ._server_checks import eviction_policy
 from ._store import Store, StoreUnavailable, open_store
 
 __all__ = ["serve_forever"]
@@ -71,20 +72,24 @@ async def _signals(
             consumer.request_stop()
 
 
-async def _preflight(store: Store, config: Config) -> None:
+async def _preflight(store: Store, config: Config, *, allow_eviction: bool = False) -> None:
     """Refuse to start on a mistake that retrying cannot mend: a wrong password (StoreError)
     or any key serve uses holding another type than SPEC §1 says (:func:`key_roles`: each
     queue's own keys, the retry set and its dead set, the result lists, a gate's budget
-    key; keys that do not exist are fine). Redis merely unreachable is not one of them: the
+    key; keys that do not exist are fine), a Redis Cluster node, or a server that may evict
+    any key (:func:`_check_eviction`). Redis merely unreachable is not one of them: the
     consumer starts and retries until it answers (SPEC §5).
 
     Raises:
         WrongKeyType: one line naming the key, the type it holds and the type expected.
-        ConfigError: one key would have to be two types (:func:`key_roles`).
+        ConfigError: one key would have to be two types (:func:`key_roles`), or Redis
+            evicts any key and ``allow_eviction`` is false.
+        ClusterUnsupported: Redis is a Redis Cluster node.
     """
     roles = key_roles(config)
     try:
         await check_keys(store, roles)
+        await _check_eviction(store, allow_eviction=allow_eviction)
     except StoreUnavailable as exc:
         log.warning("claimkit: Redis is unavailable at start (%s); retrying until it answers", exc)
 
@@ -102,22 +107,74 @@ def _bind_error_line(exc: HttpBindError, config: Config) -> str:
     return f"{exc}; set {knobs} to a free port, or 0 to turn that server off"
 
 
-async def serve_forever(config: Config, *, backend: str = "coredis") -> Summary:
+_VOLATILE_POLICIES = frozenset({"volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"})
+
+
+async def _check_eviction(store: Store, *, allow_eviction: bool) -> None:
+    """claimkit's guarantees assume ``maxmemory-policy noeviction`` (docs/operations.md,
+    "Eviction"). A ``volatile-*`` policy evicts only keys with a TTL (dedup and cancel
+    markers): a warning. Any other policy (``allkeys-*``) can evict pending and claimed
+    requests: a refusal, unless ``allow_eviction`` (then a warning). A policy that cannot be
+    read (``CONFIG`` refused) is said in one line, and serve carries on."""
+    policy, why = await eviction_policy(store)
+    if policy is None:
+        log.warning(
+            "claimkit: warning: cannot read Redis's maxmemory-policy (%s); claimkit needs "
+            'noeviction (docs/operations.md, "Eviction")',
+            why,
+        )
+    elif policy in _VOLATILE_POLICIES:
+        log.warning(
+            "claimkit: warning: Redis at %s has maxmemory-policy %s: under memory pressure "
+            "it evicts keys with a TTL, claimkit's dedup and cancel markers (a record pushed "
+            'twice, a cancel lost); set noeviction (docs/operations.md, "Eviction")',
+            store.url,
+            policy,
+        )
+    elif policy != "noeviction":
+        if not allow_eviction:
+            raise ConfigError(
+                f"Redis at {store.url} has maxmemory-policy {policy}, which can evict queued "
+                "and claimed requests: set maxmemory-policy noeviction (docs/operations.md, "
+                '"Eviction"), or pass --allow-eviction to serve anyway'
+            )
+        log.warning(
+            "claimkit: WARNING: Redis at %s has maxmemory-policy %s, which can evict queued "
+            "and claimed requests; serving anyway (--allow-eviction)",
+            store.url,
+            policy,
+        )
+
+
+async def serve_forever(
+    config: Config, *, backend: str = "coredis", allow_eviction: bool = False
+) -> Summary:
     """Run the consumer until SIGTERM/SIGINT and return its summary.
 
     A SIGTERM or SIGINT received while it starts is acted on as soon as the consumer runs:
     it stops at once, through the same shutdown.
 
+    Args:
+        config: the loaded config.
+        backend: the store backend, ``"coredis"`` or ``"redispy"``.
+        allow_eviction: serve even when Redis's ``maxmemory-policy`` can evict any key
+            (``allkeys-*``); a loud warning instead of the refusal (docs/operations.md,
+            "Eviction").
+
     Raises:
-        ConfigError: a port is taken or a gate is misconfigured (one line).
+        ConfigError: a port is taken, a gate is misconfigured, or Redis may evict any key
+            (one line).
+        ClusterUnsupported: Redis is a Redis Cluster node (one line).
     """
     with _signals_while_starting() as early:
-        return await _serve(config, backend, early)
+        return await _serve(config, backend, early, allow_eviction)
 
 
-async def _serve(config: Config, backend: str, early: _EarlySignals) -> Summary:
+async def _serve(
+    config: Config, backend: str, early: _EarlySignals, allow_eviction: bool = False
+) -> Summary:
     async with open_store(config.url, backend=backend) as store:
-        await _preflight(store, config)
+        await _preflight(store, config, allow_eviction=allow_eviction)
         try:
             consumer = Consumer(config, store)
         except ValueError as exc:

@@ -570,9 +570,15 @@ async def open_store(
         timeout: seconds allowed for connecting and for each reply; a hung Redis then
             surfaces as :class:`StoreUnavailable` instead of a stuck task.
 
+    The store refuses a Redis Cluster node: its first call checks ``INFO`` first and
+    raises :class:`~claimkit._server_checks.ClusterUnsupported` (one line) before anything
+    is sent (docs/operations.md, "Redis Cluster").
+
     Raises:
         ValueError: a malformed URL or an unknown backend, before anything connects.
     """
+    from ._server_checks import StandaloneOnly
+
     check_url(url)
     shown, url = url, tls_settings(url)
     if backend == "coredis":
@@ -582,7 +588,7 @@ async def open_store(
         # in an ExceptionGroup. That group is an implementation detail: unwrap a lone error.
         try:
             async with open_coredis_store(url, timeout=timeout, shown=shown) as store:
-                yield store
+                yield StandaloneOnly(store)
         except BaseExceptionGroup as group:
             if len(group.exceptions) == 1 and not isinstance(
                 group.exceptions[0], BaseExceptionGroup
@@ -593,6 +599,6 @@ async def open_store(
         from ._store_redispy import open_redispy_store
 
         async with open_redispy_store(url, timeout=timeout, shown=shown) as store:
-            yield store
+            yield StandaloneOnly(store)
     else:
         raise ValueError(f"unknown store backend {backend!r}: use 'coredis' or 'redispy'")

@@ -41,7 +41,7 @@ def _message(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if isinstance(exc, cx.AuthorizationError) and not text.startswith("NOPERM"):
         return f"NOPERM {text}"
-    return text
+    return _with_cluster_code(exc, text)
 
 
 def _translate(exc: BaseException) -> BaseException:
@@ -64,6 +64,24 @@ def _translated() -> Iterator[None]:
         yield
     except (cx.RedisError, TimeoutError, OSError) as exc:
         raise _translate(exc) from exc
+
+
+# coredis strips the error code from a reply ("MOVED 838 host:port" reads "838 host:port");
+# a cluster's replies need theirs to be understood (claimkit._server_checks refuses them).
+_CLUSTER_CODES: tuple[tuple[type[Exception], str], ...] = (
+    (cx.MovedError, "MOVED"),
+    (cx.AskError, "ASK"),
+    (cx.ClusterDownError, "CLUSTERDOWN"),
+    (cx.ClusterCrossSlotError, "CROSSSLOT"),
+    (cx.TryAgainError, "TRYAGAIN"),
+)
+
+
+def _with_cluster_code(exc: BaseException, text: str) -> str:
+    for kind, code in _CLUSTER_CODES:
+        if isinstance(exc, kind):
+            return text if text.startswith(code) else f"{code} {text}"
+    return text
 
 
 class CoredisStore:

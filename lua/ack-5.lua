@@ -33,10 +33,12 @@
 -- @include _push-terminal
 -- @include _drop-claim
 -- @include _guard-keys
+-- @include _checks
 
 guard_keys('zset', 'hash', 'hash', 'zset', 'hash')
 
-local dedup_ttl, fallback = tonumber(ARGV[1]), ARGV[2]
+local dedup_ttl, fallback = count_arg(1, 0), ARGV[2]
+list_usable(fallback, 'the fallback result list')
 local out = {}
 
 for i = 3, #ARGV, 7 do

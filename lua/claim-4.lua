@@ -30,10 +30,12 @@
 ]]
 -- @include _server-now
 -- @include _guard-keys
+-- @include _checks
 
 guard_keys('zset', 'hash', 'hash', 'zset')
 
-local lease_ttl = tonumber(ARGV[1])
+local lease_ttl = number_arg(1)
+for i = 3, #ARGV, 5 do number_arg(i + 3) end -- every deadline, before the first write
 local cancel_prefix = ARGV[2]
 local now = server_now()
 local out = { fmt_time(now) }

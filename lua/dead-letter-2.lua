@@ -20,10 +20,12 @@
 -- @include _server-now
 -- @include _push-terminal
 -- @include _guard-keys
+-- @include _checks
 
 guard_keys('zset', 'zset')
 
-local dedup_ttl, fallback = tonumber(ARGV[1]), ARGV[2]
+local dedup_ttl, fallback = count_arg(1, 0), ARGV[2]
+list_usable(fallback, 'the fallback result list')
 local now = server_now()
 local out = {}
 

@@ -15,10 +15,11 @@
 ]]
 -- @include _server-now
 -- @include _guard-keys
+-- @include _checks
 
 guard_keys('zset', 'zset')
 
-local limit = tonumber(ARGV[1])
+local limit = count_arg(1, 1)
 local now = server_now()
 local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 local moved, dead = 0, 0

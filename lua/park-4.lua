@@ -19,8 +19,10 @@
 -- @include _server-now
 -- @include _drop-claim
 -- @include _guard-keys
+-- @include _checks
 
 guard_keys('hash', 'hash', 'zset', 'zset')
+for i = 1, #ARGV, 4 do number_arg(i + 2) end -- every delay, before the first write
 
 local now = server_now()
 local out = { fmt_time(now) }
@@ -29,7 +31,7 @@ for i = 1, #ARGV, 4 do
   local id, token = ARGV[i], ARGV[i + 1]
   local code = 0
   if redis.call('HGET', KEYS[2], id) == token then
-    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[i + 2]), ARGV[i + 3])
+    redis.call('ZADD', KEYS[4], string.format('%.17g', now + tonumber(ARGV[i + 2])), ARGV[i + 3])
     drop_claim(KEYS[1], KEYS[2], KEYS[3], id)
     code = 1
   end

@@ -6,6 +6,16 @@
   set instead and gets a MAX_DELIVERIES_EXCEEDED record (once per generation). Index
   entries with no claimed payload (ghosts) are removed.
 
+  Claims without a lease entry (orphans: the index entry was evicted, lost in a partial
+  restore or deleted by hand) count as expired. They are found by a bounded scan: each call
+  reads one HSCAN page (COUNT scan_count) of <q>:claimed or <q>:claim-owners, as the caller
+  asks, and handles at most scan_count orphans; when the page holds more, the cursor is not
+  advanced, so the next call reads the same page again (the handled ones are gone by then).
+  A payload whose <id>:score field is missing or not a number goes back at its
+  data.deadline (0 when that cannot be read either: the peek then dead-letters it as
+  malformed); a payload is never dropped. Every read, and every check that could fail, comes
+  before the first write (docs/protocol.md, "Scripts never fail half-way").
+
   Input:
     KEYS[1] pending ZSET           <q>
     KEYS[2] claimed HASH           <q>:claimed
@@ -22,29 +32,82 @@
             another type)
     ARGV[5] dedup marker prefix "result-terminal:"
     ARGV[6] dedup ttl, whole seconds (0 = no expiry)
+    ARGV[7] orphan scan: 2 scans KEYS[2] (<q>:claimed), 3 scans KEYS[3] (<q>:claim-owners),
+            0 or absent: no scan
+    ARGV[8] the HSCAN cursor to read from ("0" starts a cycle)
+    ARGV[9] scan_count: the HSCAN COUNT, and at most this many orphans per call
 
-  Output: { redelivered, dead, ghosts, more } where more is 1 when the limit was reached.
+  Output: { redelivered, dead, ghosts, more, orphans, cursor, capped } where more is 1
+    when the limit was reached or the scan page held more orphans than scan_count (call
+    again), orphans counts the claims without a lease entry handled (they are also counted
+    as redelivered, dead or ghosts), cursor is the one to pass next, and capped is 1 when
+    that is the same page again ("0" and capped 0: this hash's scan cycle is done).
 ]]
 -- @include _server-now
 -- @include _push-terminal
 -- @include _drop-claim
 -- @include _guard-keys
+-- @include _checks
 
 guard_keys('zset', 'hash', 'hash', 'zset', 'hash', 'zset')
 
-local limit, max_deliveries = tonumber(ARGV[1]), tonumber(ARGV[2])
+local limit, max_deliveries = count_arg(1, 1), count_arg(2, 0)
+count_arg(6, 0)
+local scan_target, cursor, scan_count = tonumber(ARGV[7] or '0'), ARGV[8] or '0', 0
+if scan_target ~= 0 then
+  if scan_target ~= 2 and scan_target ~= 3 then
+    error('claimkit: ARGV[7] must be 0, 2 or 3, got ' .. tostring(ARGV[7]))
+  end
+  scan_count = count_arg(9, 1)
+end
+list_usable(ARGV[4], 'the fallback result list')
 local now = server_now()
 local expired = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+local full = #expired == limit
+
+-- Orphans: read before any write, so a bad cursor fails the call with nothing changed.
+local orphans, next_cursor, capped, stray = 0, '0', false, {}
+if scan_target ~= 0 then
+  local page = redis.call('HSCAN', KEYS[scan_target], cursor, 'COUNT', scan_count)
+  next_cursor = page[1]
+  local fields, seen = page[2], {}
+  for j = 1, #fields, 2 do
+    local id = fields[j]
+    -- In <q>:claimed, "<id>:score" is the companion of "<id>" when that field exists (a
+    -- claim of id "x:score" cannot coexist with one of "x": claim-4.lua keeps them apart).
+    local base = scan_target == 2 and string.match(id, '^(.*):score$')
+    local companion = base and redis.call('HEXISTS', KEYS[2], base) == 1
+    if not companion and not seen[id] and not redis.call('ZSCORE', KEYS[4], id) then
+      seen[id] = true
+      -- A score field whose payload is gone is no payload (envelopes are JSON objects).
+      if base and tonumber(fields[j + 1]) then stray[id] = true end
+      if orphans == scan_count then
+        capped = true
+        next_cursor = cursor
+        break
+      end
+      orphans = orphans + 1
+      expired[#expired + 1] = id
+    end
+  end
+end
+
+-- Each claim's payload and a usable score, read before any write.
+local members, scores = {}, {}
+for k, id in ipairs(expired) do
+  local member = not stray[id] and redis.call('HGET', KEYS[2], id)
+  members[k] = member
+  if member then scores[k] = claim_score(member, redis.call('HGET', KEYS[2], id .. ':score')) end
+end
 local redelivered, dead, ghosts = 0, 0, 0
 
-for _, id in ipairs(expired) do
-  local member = redis.call('HGET', KEYS[2], id)
-  local score = redis.call('HGET', KEYS[2], id .. ':score')
+for k, id in ipairs(expired) do
+  local member, score = members[k], scores[k]
   drop_claim(KEYS[2], KEYS[3], KEYS[4], id)
-  if not member or not score then
+  if not member then
     ghosts = ghosts + 1
   else
-    local n = redis.call('HINCRBY', KEYS[5], id, 1)
+    local n = next_delivery(KEYS[5], id)
     if max_deliveries > 0 and n >= max_deliveries then
       redis.call('ZADD', KEYS[6], now, member)
       redis.call('HDEL', KEYS[5], id)
@@ -74,5 +137,7 @@ for _, id in ipairs(expired) do
   end
 end
 local more = 0
-if #expired == limit then more = 1 end
-return { redelivered, dead, ghosts, more }
+if full or capped then more = 1 end
+local capped_flag = 0
+if capped then capped_flag = 1 end
+return { redelivered, dead, ghosts, more, orphans, next_cursor, capped_flag }

@@ -13,11 +13,13 @@
       claim renewed since is left alone)
 
   Output: { code_1, ..., code_n } where code is 1 released (the exact claimed bytes are
-    back in pending at the <id>:score field's score), 0 gone, -1 owned by another token,
+    back in pending at the <id>:score field's score; at the member's data.deadline when that
+    field is missing or not a number), 0 gone, -1 owned by another token,
     -2 renewed since it was read.
 ]]
 -- @include _drop-claim
 -- @include _guard-keys
+-- @include _checks
 
 guard_keys('zset', 'hash', 'hash', 'zset')
 
@@ -33,8 +35,10 @@ for i = 1, #ARGV, 3 do
     code = -2
   elseif owner then
     local member = redis.call('HGET', KEYS[2], id)
-    local score = redis.call('HGET', KEYS[2], id .. ':score')
-    if member and score then
+    if member then
+      -- A missing or broken <id>:score field must not drop the payload nor fail the ZADD
+      -- after earlier releases: claim_score falls back to the member's data.deadline.
+      local score = claim_score(member, redis.call('HGET', KEYS[2], id .. ':score'))
       redis.call('ZADD', KEYS[1], score, member)
     end
     drop_claim(KEYS[2], KEYS[3], KEYS[4], id)

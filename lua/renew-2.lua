@@ -20,10 +20,12 @@
 ]]
 -- @include _server-now
 -- @include _guard-keys
+-- @include _checks
 
 guard_keys('hash', 'zset')
 
-local lease_ttl = tonumber(ARGV[1])
+local lease_ttl = number_arg(1)
+for i = 4, #ARGV, 3 do number_arg(i) end -- every deadline, before the first write
 local now = server_now()
 local out = { fmt_time(now) }
 local n = (#ARGV - 1) / 3

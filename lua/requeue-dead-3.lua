@@ -47,7 +47,10 @@ for i = 3, #ARGV do
               and doc.internal.request_token ~= '' then
             token = doc.internal.request_token
           end
-          if redis.call('GET', prefix .. id) == token then
+          -- A marker key of another type is no marker of this generation (and a GET on
+          -- it would fail the script after the moves above).
+          if redis.call('TYPE', prefix .. id)['ok'] == 'string'
+              and redis.call('GET', prefix .. id) == token then
             redis.call('DEL', prefix .. id)
           end
         end

@@ -194,7 +194,8 @@ def test_inspect_json_matches_the_redis_state_exactly(redis_url: str) -> None:
         "server_time": t,
         "counts": {
             "pending": 3,
-            "claimed": 3,
+            "claimed": 2,
+            "orphans": 0,
             "expired": 2,
             "retrying": 1,
             "dead": 1,
@@ -205,6 +206,7 @@ def test_inspect_json_matches_the_redis_state_exactly(redis_url: str) -> None:
         "retry_set": {"name": "retry-sortedset", "total": 2, "for_queue": 1, "exact": True},
         "result_lists": {"custom-results": 1},
         "limit": 50,
+        "claims_exact": True,
         "claims_truncated": False,
         "claims": [
             row("c-old", TOKEN_A, float(base + 10), 3),
@@ -220,7 +222,10 @@ def test_inspect_prints_counts_and_the_claim_table(redis_url: str) -> None:
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert f"queue {Q}  on {redis_url}" in out
-    assert "pending 3  claimed 3  expired 2  retrying 1  dead 1  results 2  redelivered 1" in out
+    assert (
+        "pending 3  claimed 2  orphans 0  expired 2  retrying 1  dead 1  results 2  redelivered 1"
+        in out
+    )
     assert "oldest pending deadline " in out
     assert "claims (3 of 3, earliest lease expiry first)" in out
     lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
@@ -237,7 +242,7 @@ def test_inspect_limit_bounds_the_rows(redis_url: str) -> None:
     doc = json.loads(result.stdout)
     assert [c["id"] for c in doc["claims"]] == ["c-old"]
     assert doc["claims_truncated"] is True
-    assert doc["counts"]["claimed"] == 3
+    assert doc["counts"]["claimed"] == 2  # the ghost index entry is no claim
     text = invoke(["inspect", "-q", Q, "--limit", "1"], redis_url).stdout
     assert "claims (1 of 3" in text
 
@@ -511,12 +516,13 @@ def test_reclaim_once_json(redis_url: str) -> None:
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {
         "queues": {
-            Q: {"redelivered": 1, "dead_lettered": 1, "ghosts": 0},
-            "other": {"redelivered": 1, "dead_lettered": 0, "ghosts": 1},
+            Q: {"redelivered": 1, "dead_lettered": 1, "ghosts": 0, "orphans": 0},
+            "other": {"redelivered": 1, "dead_lettered": 0, "ghosts": 1, "orphans": 0},
         },
         "redelivered": 2,
         "dead_lettered": 1,
         "ghosts": 1,
+        "orphans": 0,
     }
 
 

@@ -37,6 +37,8 @@ READ_ONLY_COMMANDS = {
     "zrange",
     "zcount",
     "hlen",
+    "hscan",
+    "zscore",
     "hget",
     "hexists",
     "llen",
@@ -118,11 +120,12 @@ async def test_snapshot_matches_the_seeded_state_exactly(store: Store) -> None:
         assert snap.server_time >= now
         assert (snap.pending, snap.claimed, snap.expired, snap.dead, snap.redelivered) == (
             3,
-            3,
+            2,  # the ghost index entry is no claim
             2,
             2,
             2,
         )
+        assert (snap.leases, snap.orphans, snap.claims_exact) == (3, 0, True)
         assert snap.oldest_pending_deadline == base + 100
         assert (snap.retry_set, snap.retry_total, snap.retrying, snap.retrying_exact) == (
             "retry-sortedset",
@@ -154,7 +157,7 @@ async def test_limit_bounds_the_rows_not_the_counts(store: Store) -> None:
         await seed_scenario(store)
         snap = await snapshot(store, Q, limit=1)
         assert [r.id for r in snap.claims] == ["c-old"]
-        assert snap.claimed == 3
+        assert (snap.claimed, snap.leases) == (2, 3)
         doc = snap.to_json()
         assert doc["claims_truncated"] is True
         assert doc["limit"] == 1
@@ -187,7 +190,8 @@ async def test_reading_changes_nothing_and_never_scans(store: Store) -> None:
             if line.startswith("cmdstat_")
         }
         assert called <= READ_ONLY_COMMANDS, called - READ_ONLY_COMMANDS
-        assert not called & {"keys", "scan", "zscan", "hscan"}
+        # HSCAN of the queue's own claim hashes counts orphans; the keyspace is never scanned.
+        assert not called & {"keys", "scan", "zscan", "sscan"}
         assert await dump_everything(store) == before
 
 
@@ -283,6 +287,7 @@ def test_snapshot_json_document_shape() -> None:
         results={"result-list": 2},
         claims=(row,),
         limit=50,
+        leases=1,
     )
     assert snap.to_json(url="redis://u:***@h:1/0") == {
         "queue": "q",
@@ -291,6 +296,7 @@ def test_snapshot_json_document_shape() -> None:
         "counts": {
             "pending": 1,
             "claimed": 1,
+            "orphans": 0,
             "expired": 1,
             "retrying": 0,
             "dead": 0,
@@ -301,6 +307,7 @@ def test_snapshot_json_document_shape() -> None:
         "retry_set": {"name": "retry-sortedset", "total": 0, "for_queue": 0, "exact": True},
         "result_lists": {"result-list": 2},
         "limit": 50,
+        "claims_exact": True,
         "claims_truncated": False,
         "claims": [
             {

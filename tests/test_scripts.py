@@ -192,14 +192,31 @@ def test_the_active_lua_dir_matches_the_source_tree() -> None:
 
 def test_includes_are_resolved() -> None:
     includes = {p.stem: p.read_text(encoding="utf-8") for p in _scripts._lua_dir().glob("_*.lua")}
-    assert set(includes) == {"_drop-claim", "_guard-keys", "_push-terminal", "_server-now"}
+    assert set(includes) == {
+        "_checks",
+        "_drop-claim",
+        "_guard-keys",
+        "_push-terminal",
+        "_server-now",
+    }
     for s in all_scripts().values():
         assert "@include" not in s.source, s.name
         raw = (_scripts._lua_dir() / f"{s.name}-{s.numkeys}.lua").read_text(encoding="utf-8")
         for name in re.findall(r"^-- @include (_[a-z-]+)\s*$", raw, re.MULTILINE):
             assert includes[name].strip() in s.source, f"{s.name} lacks {name}"
         # Every helper a script calls is defined in its resolved source.
-        for helper in ("server_now", "fmt_time", "push_terminal", "drop_claim", "guard_keys"):
+        for helper in (
+            "server_now",
+            "fmt_time",
+            "push_terminal",
+            "drop_claim",
+            "guard_keys",
+            "count_arg",
+            "number_arg",
+            "list_usable",
+            "claim_score",
+            "next_delivery",
+        ):
             if re.search(rf"\b{helper}\(", s.source):
                 assert f"local function {helper}(" in s.source, f"{s.name}: {helper}"
 

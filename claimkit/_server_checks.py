@@ -1,0 +1,190 @@
+"""What claimkit checks about the Redis server itself: not a cluster, and not evicting.
+
+Every command opens Redis through :func:`claimkit._store.open_store`, which wraps the
+store in :class:`StandaloneOnly`: before the first command reaches Redis it asks ``INFO``
+whether the server is a Redis Cluster node, and refuses with :class:`ClusterUnsupported`
+(one line) when it is. claimkit's scripts touch per-request keys that a cluster keeps on
+other nodes; a script failing there keeps its earlier writes (docs/operations.md,
+"Redis Cluster"). A cluster reply met later (``MOVED``, ``ASK``, ``CLUSTERDOWN``,
+``CROSSSLOT``, ``TRYAGAIN``) is the same refusal.
+
+``claimkit serve`` also reads the server's ``maxmemory-policy`` (:func:`eviction_policy`):
+claimkit's guarantees assume ``noeviction`` (docs/operations.md, "Eviction").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._store import Arg, ScriptCall, StoreError
+
+if TYPE_CHECKING:
+    from ._scripts import Script
+    from ._store import Store
+
+__all__ = [
+    "CLUSTER_REPLIES",
+    "ClusterUnsupported",
+    "StandaloneOnly",
+    "eviction_policy",
+    "info_fields",
+]
+
+log = logging.getLogger("claimkit")
+
+CLUSTER_REPLIES = ("MOVED ", "ASK ", "CLUSTERDOWN", "CROSSSLOT", "TRYAGAIN")
+"""How the error replies of a Redis Cluster node begin."""
+
+
+class ClusterUnsupported(StoreError):
+    """The Redis claimkit was pointed at is a Redis Cluster node; nothing was written.
+
+    ``str(err)`` is one line: the URL (password masked), how it was told, and what to do.
+    """
+
+    @classmethod
+    def for_url(cls, url: str, how: str) -> ClusterUnsupported:
+        return cls(
+            f"Redis at {url} is a Redis Cluster node ({how}): claimkit does not support "
+            "Redis Cluster yet; point it at a standalone Redis or Valkey "
+            '(docs/operations.md, "Redis Cluster")'
+        )
+
+
+def info_fields(reply: Any) -> dict[str, str]:
+    """``INFO``'s ``name:value`` lines as a dict (section headers and blanks skipped)."""
+    text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and not line.startswith("#"):
+            out[name.strip()] = value.strip()
+    return out
+
+
+def _refused(exc: StoreError) -> bool:
+    """Whether Redis refused the command itself (ACL, a renamed or disabled command)."""
+    text = str(exc).lower()
+    return "permission" in text or "noperm" in text or "unknown command" in text
+
+
+class StandaloneOnly:
+    """A :class:`~claimkit._store.Store` that refuses to talk to a Redis Cluster node.
+
+    The first call (of any method) first runs ``INFO``; ``cluster_enabled:1`` raises
+    :class:`ClusterUnsupported` before that call is sent, and so does every later call.
+    When Redis is unreachable the check is tried again on the next call. When ``INFO`` is
+    refused (an ACL without ``+info``) claimkit says so once and carries on; a cluster's
+    ``MOVED``/``ASK``/``CLUSTERDOWN``/``CROSSSLOT``/``TRYAGAIN`` reply is still refused.
+
+    Attributes:
+        info: ``INFO``'s fields once read, else ``None`` (not yet, or refused).
+    """
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+        self.url = inner.url
+        self.info: dict[str, str] | None = None
+        self._checked = False
+        self._refusal: ClusterUnsupported | None = None
+
+    async def _check(self) -> None:
+        if self._refusal is not None:
+            raise self._refusal
+        if self._checked:
+            return
+        try:
+            info = info_fields(await self._inner.command("INFO"))
+        except StoreError as exc:
+            self._raise_if_cluster(exc)
+            if not _refused(exc):
+                raise
+            self._checked = True
+            log.warning(
+                "claimkit: warning: cannot tell whether Redis at %s is a cluster: INFO was "
+                "refused (%s); claimkit needs a standalone Redis",
+                self.url,
+                exc,
+            )
+            return
+        self._checked = True
+        if info.get("cluster_enabled") == "1":
+            self._refusal = ClusterUnsupported.for_url(self.url, "INFO says cluster_enabled:1")
+            raise self._refusal
+        self.info = info
+
+    def _raise_if_cluster(self, exc: StoreError) -> None:
+        text = str(exc)
+        if text.startswith(CLUSTER_REPLIES):
+            self._refusal = ClusterUnsupported.for_url(self.url, f"it answered {text}")
+            raise self._refusal from exc
+
+    async def command(self, *args: Arg) -> Any:
+        await self._check()
+        try:
+            return await self._inner.command(*args)
+        except StoreError as exc:
+            self._raise_if_cluster(exc)
+            raise
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
+        await self._check()
+        try:
+            return await self._inner.pipeline(commands, transaction=transaction)
+        except StoreError as exc:
+            self._raise_if_cluster(exc)
+            raise
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        await self._check()
+        try:
+            return await self._inner.run(script, keys, args)
+        except StoreError as exc:
+            self._raise_if_cluster(exc)
+            raise
+
+    async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        await self._check()
+        try:
+            return await self._inner.run_many(script, calls)
+        except StoreError as exc:
+            self._raise_if_cluster(exc)
+            raise
+
+
+async def eviction_policy(store: Store) -> tuple[str | None, str]:
+    """The server's ``maxmemory-policy``, from ``INFO`` (``maxmemory_policy``), else from
+    ``CONFIG GET`` (which managed Redis services and narrow ACLs often refuse).
+
+    Returns:
+        ``(policy, "")`` when read; ``(None, why)`` when neither could be read, ``why``
+        saying what Redis answered.
+
+    Raises:
+        StoreUnavailable: Redis is unreachable. StoreError: any other refusal than a
+        refused command (a cluster node, a wrong password).
+    """
+    info = store.info if isinstance(store, StandaloneOnly) else None
+    if info is None:
+        try:
+            info = info_fields(await store.command("INFO", "memory"))
+        except StoreError as exc:
+            if not _refused(exc):
+                raise
+            info = {}
+    policy = info.get("maxmemory_policy")
+    if policy:
+        return policy, ""
+    try:
+        reply = await store.command("CONFIG", "GET", "maxmemory-policy")
+    except StoreError as exc:
+        if not _refused(exc):
+            raise
+        return None, f"CONFIG GET maxmemory-policy was refused: {exc}"
+    values = list(reply.values()) if isinstance(reply, dict) else list(reply)[1::2]
+    if not values:
+        return None, "CONFIG GET maxmemory-policy answered nothing"
+    value = values[0]
+    return (value.decode() if isinstance(value, bytes) else str(value)), ""

@@ -1,0 +1,133 @@
+"""Every command refuses a Redis Cluster in one line and writes nothing (issue 8, defect 14).
+
+Until claimkit supports Redis Cluster, a cluster node is detected before the first command
+(``INFO``: ``cluster_enabled:1``) or from a cluster reply (``MOVED`` and kin), against a
+real 3-master cluster (:mod:`cluster`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+from cluster import RedisCluster, redis_cluster
+from typer.testing import CliRunner
+
+from claimkit._cli import app
+from claimkit._server_checks import ClusterUnsupported
+from claimkit._store import StoreError, open_store
+from claimkit._store_coredis import open_coredis_store
+
+__all__ = ["redis_cluster"]  # the fixture, imported for pytest
+
+Q = "requests"
+
+
+def refusal(url: str, how: str = "INFO says cluster_enabled:1") -> str:
+    return (
+        f"claimkit: Redis at {url} is a Redis Cluster node ({how}): claimkit does not "
+        "support Redis Cluster yet; point it at a standalone Redis or Valkey "
+        '(docs/operations.md, "Redis Cluster")\n'
+    )
+
+
+def transport(url: str) -> str:
+    return json.dumps(
+        {
+            "url": url,
+            "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
+            "metrics_port": 0,
+            "health_port": 0,
+        }
+    )
+
+
+COMMANDS = {
+    "serve": ["serve", "--metrics-port", "0", "--health-port", "0"],
+    "submit": ["submit", "-q", Q, '{"id":"r1","deadline":4102444800}'],
+    "inspect": ["inspect", "-q", Q],
+    "inspect --json": ["inspect", "-q", Q, "--json"],
+    "drain": ["drain", "-q", Q, "--release-all"],
+    "reclaim": ["reclaim", "--once"],
+    "dead list": ["dead", "list", "-q", Q],
+    "dead requeue": ["dead", "requeue", "-q", Q, "r1"],
+    "dead purge": ["dead", "purge", "-q", Q, "r1"],
+    "cancel": ["cancel", "r1"],
+    "results": ["results"],
+    "results --follow": ["results", "--follow"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_refuses_a_cluster_in_one_line_and_writes_nothing(
+    redis_cluster: RedisCluster, name: str
+) -> None:
+    url = redis_cluster.url
+    result = CliRunner().invoke(
+        app, [*COMMANDS[name], "--transport-config", transport(url)], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stderr == refusal(url)
+    assert result.stdout == ""
+    assert redis_cluster.dbsizes() == [0, 0, 0]
+
+
+async def test_a_moved_reply_is_readable_and_refused(redis_cluster: RedisCluster) -> None:
+    """A user whose ACL refuses INFO: the cluster is then told by its MOVED reply, which
+    keeps its word (coredis strips it: "838 127.0.0.1:32360")."""
+    moved = redis_cluster.call(0, "GET", "foo")
+    assert str(moved).startswith("MOVED 12182 ")
+    for i in range(3):
+        rule = ["on", ">pw", "~*", "+@all", "-info"]
+        assert redis_cluster.call(i, "ACL", "SETUSER", "noinfo", *rule) == b"OK"
+    base = redis_cluster.url
+    url = base.replace("redis://", "redis://noinfo:pw@")
+    shown = base.replace("redis://", "redis://noinfo:***@")
+    with trio.fail_after(20):
+        async with open_coredis_store(url, timeout=5) as raw:
+            with pytest.raises(StoreError) as info:
+                await raw.command("GET", "foo")
+            assert str(info.value) == str(moved)
+        async with open_store(url) as store:
+            with pytest.raises(ClusterUnsupported) as refused:
+                await store.command("SET", "foo", "x")
+            assert str(refused.value) + "\n" == refusal(shown, f"it answered {moved}").removeprefix(
+                "claimkit: "
+            )
+            # Refused for good: even a key of this node's slots is not written.
+            with pytest.raises(ClusterUnsupported):
+                await store.command("SET", "{a}", "x")
+    assert redis_cluster.dbsizes() == [0, 0, 0]
+
+
+async def test_a_standalone_redis_is_not_refused(store: object) -> None:
+    from claimkit._server_checks import StandaloneOnly
+
+    assert isinstance(store, StandaloneOnly)
+    with trio.fail_after(10):
+        assert await store.command("SET", "k", "v") == b"OK"
+        assert store.info is not None
+        assert store.info["cluster_enabled"] == "0"
+
+
+@pytest.mark.redispy
+async def test_the_redispy_store_refuses_a_cluster_too(redis_cluster: RedisCluster) -> None:
+    moved = redis_cluster.call(0, "GET", "foo")
+    url = redis_cluster.url.replace("redis://", "redis://noinfo:pw@")
+    shown = redis_cluster.url.replace("redis://", "redis://noinfo:***@")
+    with trio.fail_after(20):
+        async with open_store(redis_cluster.url, backend="redispy") as store:
+            with pytest.raises(ClusterUnsupported) as info:
+                await store.command("PING")
+            assert str(info.value) + "\n" == refusal(redis_cluster.url).removeprefix("claimkit: ")
+        for i in range(3):
+            rule = ["on", ">pw", "~*", "+@all", "-info"]
+            assert redis_cluster.call(i, "ACL", "SETUSER", "noinfo", *rule) == b"OK"
+        async with open_store(url, backend="redispy") as store:
+            with pytest.raises(ClusterUnsupported) as info:
+                await store.command("SET", "foo", "x")
+            expected = refusal(shown, f"it answered {moved}").removeprefix("claimkit: ")
+            assert str(info.value) + "\n" == expected
+    assert redis_cluster.dbsizes() == [0, 0, 0]

@@ -1,0 +1,386 @@
+"""No Lua script can fail after its first write (issue 8, defect 14, as a class).
+
+Redis keeps the writes a script made before it failed, so a script that fails half-way can
+drop a claim without putting its request anywhere. Every script is run here, against a
+real Redis, in a state where its first item writes, with each key it touches (declared in
+KEYS or built from ARGV: dedup markers, cancel markers, result lists, a retry member's
+queue) holding each other Redis type in turn, with bad numbers in its ARGV, and with hash
+fields a hand edit could break. Each run either fails with the keyspace exactly as before,
+or succeeds without touching a key of a foreign type that it does not own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+from conftest import RedisFactory
+
+from claimkit._keys import QueueKeys
+from claimkit._scripts import all_scripts
+from claimkit._store import Arg, Store, StoreError, open_store
+
+Q = "q"
+K = QueueKeys.for_queue(Q)
+D = 4102444800  # 2100-01-01: a deadline far ahead
+TYPES = ("string", "list", "hash", "set", "zset")
+MAKE: dict[str, Callable[[str], list[Arg]]] = {
+    "string": lambda k: ["SET", k, "foreign"],
+    "list": lambda k: ["RPUSH", k, "foreign"],
+    "hash": lambda k: ["HSET", k, "foreign", "1"],
+    "set": lambda k: ["SADD", k, "foreign"],
+    "zset": lambda k: ["ZADD", k, 1, "foreign"],
+}
+
+
+def member(rid: str, *, token: str = "", result_list: str = "", queue: str = "") -> bytes:
+    internal: dict[str, Any] = {}
+    if token:
+        internal["request_token"] = token
+    if result_list:
+        internal["result_queue_name"] = result_list
+    if queue:
+        internal["request_queue_name"] = queue
+    doc = {"data": {"id": rid, "deadline": D}, "request_kind": "plain", "internal": internal}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+MA, MB = member("a", token="ga"), member("b", token="gb", result_list="rl-b")
+RECORD = b'{"id":"x","payload":"{}"}'
+
+
+def claims(*pairs: tuple[str, bytes, str]) -> list[list[Arg]]:
+    """Seed commands for claims ``(id, member, token)`` whose leases have lapsed."""
+    out: list[list[Arg]] = []
+    for rid, raw, token in pairs:
+        out += [
+            ["HSET", K.claimed, rid, raw, f"{rid}:score", D],
+            ["HSET", K.owners, rid, token],
+            ["ZADD", K.index, 1, rid],
+        ]
+    return out
+
+
+@dataclass
+class Case:
+    """One script call whose first item writes and whose second touches ``touched``."""
+
+    script: str
+    keys: list[str]
+    argv: list[Arg]
+    seed: list[list[Arg]]
+    # key -> the types it may hold; "any": the script must also cope with every other type
+    touched: dict[str, tuple[str, ...]]
+    # ARGV position (1-based) -> bad values to try there
+    bad_argv: dict[int, tuple[Arg, ...]] = field(default_factory=dict)
+    # seed commands that break one hash field, each tried alone
+    bad_fields: tuple[list[Arg], ...] = ()
+    # keys the script may overwrite whatever they hold (claimkit's own string markers)
+    markers: tuple[str, ...] = ()
+
+
+QUEUE_TYPES = {
+    K.pending: ("zset",),
+    K.claimed: ("hash",),
+    K.owners: ("hash",),
+    K.index: ("zset",),
+    K.deliveries: ("hash",),
+    K.dead: ("zset",),
+}
+
+
+def declared(*keys: str) -> dict[str, tuple[str, ...]]:
+    return {k: QUEUE_TYPES[k] for k in keys}
+
+
+ACK_ITEM_A: list[Arg] = ["a", "ta", "ga", "result-terminal:a", "rl-a", RECORD, MA]
+ACK_ITEM_B: list[Arg] = ["b", "tb", "gb", "result-terminal:b", "rl-b", RECORD, MB]
+DL_A: list[Arg] = [MA, "ga", "result-terminal:a", "rl-a", RECORD]
+DL_B: list[Arg] = [MB, "gb", "result-terminal:b", "rl-b", RECORD]
+ACK_KEYS = [K.pending, K.claimed, K.owners, K.index, K.deliveries]
+RECLAIM_KEYS = [K.pending, K.claimed, K.owners, K.index, K.deliveries, K.dead]
+RECLAIM_ARGV: list[Arg] = [100, 10, "", "result-list", "result-terminal:", 100, 2, "0", 100]
+NUMBERS: tuple[Arg, ...] = ("x", "nan", "")
+WHOLE: tuple[Arg, ...] = ("x", "nan", "", "1.5", "-1")
+
+CASES: dict[str, Case] = {
+    "claim": Case(
+        "claim",
+        [K.pending, K.claimed, K.owners, K.index],
+        [60, "request-cancel:", MA, "a", "ta", D, "ga", MB, "b", "tb", D, "gb"],
+        [["ZADD", K.pending, D, MA, D, MB]],
+        {
+            **declared(K.pending, K.claimed, K.owners, K.index),
+            "request-cancel:b": ("string", "any"),
+        },
+        bad_argv={1: NUMBERS, 6: NUMBERS, 11: NUMBERS},
+    ),
+    "ack": Case(
+        "ack",
+        ACK_KEYS,
+        [100, "fallback", *ACK_ITEM_A, *ACK_ITEM_B],
+        claims(("a", MA, "ta"), ("b", MB, "tb")),
+        {
+            **declared(*ACK_KEYS),
+            "result-terminal:b": ("string", "any"),
+            "rl-b": ("list", "any"),
+        },
+        bad_argv={1: WHOLE},
+        markers=("result-terminal:b",),
+    ),
+    "ack-fallback": Case(
+        "ack",
+        ACK_KEYS,
+        [100, "fallback", *ACK_ITEM_A, *ACK_ITEM_B],
+        [*claims(("a", MA, "ta"), ("b", MB, "tb")), ["SADD", "rl-b", "foreign"]],
+        {"fallback": ("list",)},
+    ),
+    "dead-letter": Case(
+        "dead-letter",
+        [K.pending, K.dead],
+        [100, "fallback", *DL_A, *DL_B],
+        [["ZADD", K.pending, D, MA, D, MB]],
+        {
+            **declared(K.pending, K.dead),
+            "result-terminal:b": ("string", "any"),
+            "rl-b": ("list", "any"),
+        },
+        bad_argv={1: WHOLE},
+        markers=("result-terminal:b",),
+    ),
+    "dead-letter-fallback": Case(
+        "dead-letter",
+        [K.pending, K.dead],
+        [100, "fallback", *DL_A, *DL_B],
+        [["ZADD", K.pending, D, MA, D, MB], ["SADD", "rl-b", "foreign"]],
+        {"fallback": ("list",)},
+    ),
+    "move-retries": Case(
+        "move-retries",
+        ["retry", "retry:dead"],
+        [100],
+        [["ZADD", "retry", 0, member("a", queue="qa"), 1, member("b", queue="qb")]],
+        {"retry": ("zset",), "retry:dead": ("zset",), "qb": ("zset", "any")},
+        bad_argv={1: WHOLE},
+    ),
+    "park": Case(
+        "park",
+        [K.claimed, K.owners, K.index, "retry"],
+        ["a", "ta", 1, MA, "b", "tb", 2, MB],
+        claims(("a", MA, "ta"), ("b", MB, "tb")),
+        {**declared(K.claimed, K.owners, K.index), "retry": ("zset",)},
+        bad_argv={3: NUMBERS, 7: NUMBERS},
+    ),
+    "reclaim": Case(
+        "reclaim",
+        RECLAIM_KEYS,
+        RECLAIM_ARGV,
+        [*claims(("a", MA, "ta"), ("b", MB, "tb")), ["HSET", K.deliveries, "b", 9]],
+        {
+            **declared(*RECLAIM_KEYS),
+            "result-terminal:b": ("string", "any"),
+            "rl-b": ("list", "any"),
+        },
+        bad_argv={1: WHOLE, 2: WHOLE, 6: WHOLE, 7: ("1", "x"), 8: ("bad", "-1"), 9: WHOLE},
+        bad_fields=(
+            ["HSET", K.deliveries, "a", "many"],
+            ["HSET", K.deliveries, "a", "99999999999999999999999"],
+            ["HSET", K.claimed, "a:score", "soon"],
+            ["HSET", K.claimed, "b:score", "nan"],
+            ["HDEL", K.claimed, "b:score"],
+        ),
+        markers=("result-terminal:b",),
+    ),
+    "reclaim-fallback": Case(
+        "reclaim",
+        RECLAIM_KEYS,
+        RECLAIM_ARGV,
+        [
+            *claims(("a", MA, "ta"), ("b", MB, "tb")),
+            ["HSET", K.deliveries, "b", 9],
+            ["SADD", "rl-b", "foreign"],
+        ],
+        {"result-list": ("list",)},
+    ),
+    "reclaim-orphans": Case(
+        "reclaim",
+        RECLAIM_KEYS,
+        RECLAIM_ARGV,
+        [
+            *claims(("a", MA, "ta"), ("b", MB, "tb")),
+            ["ZREM", K.index, "a", "b"],
+            ["HSET", K.deliveries, "b", 9],
+        ],
+        declared(*RECLAIM_KEYS),
+        bad_argv={8: ("bad",)},
+        bad_fields=(["HSET", K.claimed, "b:score", "soon"], ["HSET", K.deliveries, "a", "x"]),
+    ),
+    "release": Case(
+        "release",
+        [K.pending, K.claimed, K.owners, K.index],
+        ["a", "ta", "", "b", "tb", ""],
+        claims(("a", MA, "ta"), ("b", MB, "tb")),
+        declared(K.pending, K.claimed, K.owners, K.index),
+        bad_argv={3: ("x", "nan"), 6: ("x", "nan")},
+        bad_fields=(["HSET", K.claimed, "b:score", "soon"], ["HDEL", K.claimed, "b:score"]),
+    ),
+    "renew": Case(
+        "renew",
+        [K.owners, K.index],
+        [60, "a", "ta", D, "b", "tb", D],
+        claims(("a", MA, "ta"), ("b", MB, "tb")),
+        declared(K.owners, K.index),
+        bad_argv={1: NUMBERS, 4: NUMBERS, 7: NUMBERS},
+    ),
+    "requeue-dead": Case(
+        "requeue-dead",
+        [K.dead, K.pending, K.deliveries],
+        ["result-terminal:", "0", MA, MB],
+        [
+            ["ZADD", K.dead, 1, MA, 2, MB],
+            ["SET", "result-terminal:a", "ga"],
+            ["HSET", K.deliveries, "a", 3, "b", 3],
+        ],
+        {**declared(K.dead, K.pending, K.deliveries), "result-terminal:b": ("string", "any")},
+    ),
+    "inspect": Case(
+        "inspect",
+        RECLAIM_KEYS,
+        [0, 100],
+        claims(("a", MA, "ta")),
+        declared(*RECLAIM_KEYS),
+        bad_argv={1: ("x", "-1"), 2: ("x",)},
+    ),
+}
+
+
+def test_every_script_is_audited() -> None:
+    assert {c.script for c in CASES.values()} == set(all_scripts())
+
+
+async def dump(store: Store) -> dict[bytes, tuple[bytes, bytes]]:
+    out: dict[bytes, tuple[bytes, bytes]] = {}
+    for key in sorted(await store.command("KEYS", "*")):
+        out[key] = (await store.command("TYPE", key), await store.command("DUMP", key))
+    return out
+
+
+async def run_case(
+    store: Store, case: Case, *, argv: list[Arg] | None = None, extra: list[list[Arg]] = ()
+) -> tuple[bool, dict[bytes, tuple[bytes, bytes]], dict[bytes, tuple[bytes, bytes]]]:
+    """Seed, run; ``(succeeded, before, after)``."""
+    await store.command("FLUSHDB")
+    if case.seed:
+        await store.pipeline(case.seed, transaction=True)
+    for command in extra:
+        await store.command(*command)
+    before = await dump(store)
+    s = all_scripts()[case.script]
+    try:
+        await store.run(s, case.keys, case.argv if argv is None else argv)
+        ok = True
+    except StoreError:
+        ok = False
+    return ok, before, await dump(store)
+
+
+def _wrong_type_params() -> list[tuple[str, str, str]]:
+    out = []
+    for name, case in CASES.items():
+        for key, allowed in case.touched.items():
+            for kind in TYPES:
+                if kind not in allowed:
+                    out.append((name, key, kind))
+    return out
+
+
+@pytest.mark.parametrize(("name", "key", "kind"), _wrong_type_params())
+async def test_a_key_of_any_other_type_never_fails_a_script_half_way(
+    store: Store, name: str, key: str, kind: str
+) -> None:
+    case = CASES[name]
+    with trio.fail_after(10):
+        ok, before, after = await run_case(store, case, extra=[["DEL", key], MAKE[kind](key)])
+        if not ok:
+            assert after == before, "failed after writing"
+        else:
+            assert "any" in case.touched[key], "a key of the wrong type went unnoticed"
+            if key not in case.markers:
+                assert after.get(key.encode()) == before[key.encode()], "a foreign key changed"
+
+
+def _bad_argv_params() -> list[tuple[str, int, Arg]]:
+    return [
+        (name, i, value)
+        for name, case in CASES.items()
+        for i, values in case.bad_argv.items()
+        for value in values
+    ]
+
+
+@pytest.mark.parametrize(("name", "position", "value"), _bad_argv_params())
+async def test_a_bad_argument_fails_a_script_before_its_first_write(
+    store: Store, name: str, position: int, value: Arg
+) -> None:
+    case = CASES[name]
+    argv = list(case.argv)
+    argv[position - 1] = value
+    with trio.fail_after(10):
+        ok, before, after = await run_case(store, case, argv=argv)
+        if not ok:
+            assert after == before, "failed after writing"
+
+
+def _bad_field_params() -> list[tuple[str, int]]:
+    return [(name, i) for name, case in CASES.items() for i in range(len(case.bad_fields))]
+
+
+@pytest.mark.parametrize(("name", "index"), _bad_field_params())
+async def test_a_broken_hash_field_never_fails_a_script_or_drops_a_payload(
+    store: Store, name: str, index: int
+) -> None:
+    case = CASES[name]
+    with trio.fail_after(10):
+        ok, _, _ = await run_case(store, case, extra=[case.bad_fields[index]])
+        assert ok, "a hand-edited field failed the script"
+        # Both requests still live somewhere: pending, dead (with a record) or claimed.
+        pending = await store.command("ZRANGE", K.pending, 0, -1)
+        dead = await store.command("ZRANGE", K.dead, 0, -1)
+        held = await store.command("HMGET", K.claimed, "a", "b")
+        assert sorted([*pending, *dead, *(h for h in held if h)]) == sorted([MA, MB])
+
+
+async def test_out_of_memory_never_fails_a_script_half_way(redis_factory: RedisFactory) -> None:
+    """Redis out of memory (noeviction): a script is refused only at its first write that
+    needs memory, before anything is written; once it has written it runs to the end."""
+    server = redis_factory(extra_args=["--maxmemory-policy", "noeviction"])
+    with trio.fail_after(60):
+        refused: set[str] = set()
+        async with open_store(server.url) as store:
+            for name, case in CASES.items():
+                await store.command("CONFIG", "SET", "maxmemory", "0")
+                await store.command("FLUSHDB")
+                if case.seed:
+                    await store.pipeline(case.seed, transaction=True)
+                await fill_memory(store)
+                before = await dump(store)
+                try:
+                    await store.run(all_scripts()[case.script], case.keys, case.argv)
+                except StoreError as exc:
+                    assert "OOM" in str(exc), (name, exc)
+                    assert await dump(store) == before, name
+                    refused.add(name)
+        # Those whose first write needs memory are refused; the others run to the end.
+        assert {"ack", "renew"} <= refused
+
+
+async def fill_memory(store: Store) -> None:
+    """Put Redis over its memory limit: 2 MB of data, then ``maxmemory`` 1 MB."""
+    await store.command("SET", "filler", "x" * 2_000_000)
+    await store.command("CONFIG", "SET", "maxmemory", "1mb")
+    with pytest.raises(StoreError, match="OOM"):
+        await store.command("LPUSH", "probe", "x")
