@@ -14,17 +14,6 @@ nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = os.environ.get("CLAIMKIT_PYTHON", "python3")
 
-# Which Redis server the session will run, or find_server_binary()'s hint and exit 1.
-_SHOW_SERVER = """
-import sys
-from claimkit._redis_server import find_server_binary
-try:
-    print("claimkit: Redis server binary:", find_server_binary())
-except RuntimeError as exc:
-    sys.exit(f"claimkit: {exc}")
-"""
-
-
 def install_with_server(session: nox.Session, *extras: str) -> None:
     """Install this checkout with ``extras``, and make sure a Redis server binary is there.
 
@@ -52,7 +41,8 @@ def install_with_server(session: nox.Session, *extras: str) -> None:
                 "apt-get install redis-server) or valkey-server, or set CLAIMKIT_REDIS_SERVER "
                 "(docs/redis-server.md)"
             )
-    session.run("python", "-c", _SHOW_SERVER)
+    # Which binary the session runs, or what to install (exit 1).
+    session.run("python", "-m", "claimkit._redis_server")
 
 
 @nox.session(python=PYTHON)

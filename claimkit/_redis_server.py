@@ -588,3 +588,21 @@ def _log_tail(path: Path, offset: int) -> str:
     except OSError as exc:
         return f"its log {path} could not be read: {exc}"
     return f"last lines of {path}:\n{text}" if text else f"its log {path} is empty"
+
+
+def main() -> int:
+    """``python -m claimkit._redis_server``: print the binary the tests and the demo run.
+
+    Exit status 0 with its path on stdout, or 1 with :func:`not_found_message` on stderr
+    (``nox -s tests`` and ``nox -s demo`` call it before they start).
+    """
+    try:
+        print(f"claimkit: Redis server binary: {find_server_binary()}")
+    except RuntimeError as exc:
+        print(f"claimkit: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
