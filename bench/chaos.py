@@ -72,7 +72,7 @@ from chaos_observe import (
 
 from claimkit._keys import request_active
 from claimkit._producer import Producer
-from claimkit._redis_server import RedisServer, RedisServerError
+from claimkit._redis_server import RedisServer, RedisServerError, find_server_binary
 from claimkit._store import Store, StoreError, StoreUnavailable, open_store
 
 QUEUE = "chaos"
@@ -899,6 +899,11 @@ def line(f: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
+    try:
+        find_server_binary()  # before the work dir exists: nothing to keep when there is none
+    except RuntimeError as exc:
+        log(str(exc))
+        return 2
     workdir = Path(tempfile.mkdtemp(prefix="claimkit-chaos-"))
     try:
         f = trio.run(main_async, opts, workdir)

