@@ -21,7 +21,16 @@ import trio
 import typer
 
 from . import _keys
-from ._cli_common import RedisUrl, TransportConfig, TransportConfigFile, config_from, fail, run
+from ._cli_common import (
+    EXIT_INTERRUPTED,
+    RedisUrl,
+    TransportConfig,
+    TransportConfigFile,
+    config_from,
+    fail,
+    run,
+    usage_error,
+)
 from ._config import Config, ConfigError, QueueConfig
 from ._store import StoreUnavailable, open_store
 
@@ -92,9 +101,9 @@ def _target(
     redis_url: str | None,
 ) -> _Target:
     """Load the config and resolve ``--queue`` against it, or exit with one line."""
-    config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if not queue:
-        fail("--queue must not be empty")
+        usage_error("--queue must not be empty")
+    config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if not config.queues:
         return _Target(config, queue, None)
     try:
@@ -117,6 +126,9 @@ def _run_until_interrupt(fn: Callable[[], Awaitable[T]], *, url: str) -> T | Non
         return None
 
 
+_INTERRUPTED = "interrupted; batches already done stay done, run it again to finish"
+
+
 def _run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
     """:func:`run`, where Ctrl-C ends the command with one line and exit status 130.
 
@@ -126,12 +138,12 @@ def _run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
     try:
         return run(fn, url=url)
     except KeyboardInterrupt:
-        fail("interrupted; batches already done stay done, run it again to finish", 130)
+        fail(_INTERRUPTED, EXIT_INTERRUPTED)
     except BaseExceptionGroup as group:
         _, rest = group.split(KeyboardInterrupt)
         if rest is not None:
             raise
-        fail("interrupted; batches already done stay done, run it again to finish", 130)
+        fail(_INTERRUPTED, EXIT_INTERRUPTED)
 
 
 def _print_json(doc: Any) -> None:
@@ -209,7 +221,7 @@ def inspect_queue(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Show a queue's state without changing it (SPEC §1, §8).
+    """Show a queue's state without changing it.
 
     Counts (pending, claimed, expired, retrying, dead, results), the oldest pending
     deadline, and the claims with the earliest lease expiry first: id, owner token
@@ -217,13 +229,16 @@ def inspect_queue(
     been held (exact for claimkit's tokens, which carry their claim time; with --watch a
     lower bound for others). Expired leases are red: any reclaimer may redeliver them.
     Reads only the queue's own keys, the retry set and the result list; never KEYS or SCAN.
+    With --watch the header says when the view was read; while Redis does not answer, the
+    last view stays with a STALE line saying since when, and the watch keeps retrying.
+    The keys: docs/protocol.md.
 
     Example:
 
-        claimkit inspect --redis-url redis://127.0.0.1:6379/0 --queue requests --watch
+        claimkit inspect --redis-url redis://127.0.0.1:6379/0 -q requests --watch
     """
     if watch and json_out:
-        fail("--watch and --json cannot be combined: --json prints one document")
+        usage_error("--watch and --json cannot be combined: --json prints one document")
     target = _target(queue, transport_config, transport_config_file, redis_url)
     config = target.config
     from ._inspect import check_key_types, snapshot
@@ -292,7 +307,7 @@ def drain(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Hand every claim of a queue back to pending at its original score (SPEC §3.6).
+    """Hand every claim of a queue back to pending at its original score.
 
     Each claim is released fenced by the owner token and lease expiry read just before, in
     batches: a claim acked, reclaimed or renewed meanwhile is left alone and counted. Safe
@@ -304,10 +319,11 @@ def drain(
 
     Example:
 
-        claimkit drain --redis-url redis://127.0.0.1:6379/0 --queue requests --release-all
+        claimkit drain --redis-url redis://127.0.0.1:6379/0 -q requests \\
+          --release-all --dry-run
     """
     if not release_all:
-        fail("drain needs --release-all (add --dry-run to preview what would be released)")
+        usage_error("drain needs --release-all (add --dry-run to preview what would be released)")
     target = _target(queue, transport_config, transport_config_file, redis_url)
     config = target.config
     from ._console import claims_table, progress_bar
@@ -362,20 +378,21 @@ def reclaim(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Redeliver every expired claim of every configured queue, once (SPEC §3.7).
+    """Redeliver every expired claim of every configured queue, once.
 
     Each expired claim goes back to pending at its original score with its delivery count
     raised; one that reaches max_deliveries is dead-lettered with a MAX_DELIVERIES_EXCEEDED
     record. Passes repeat until no expired claim is left. Meant for cron: prints one
     summary line (or --json), exit status 0; on a Redis or config error one line and 1.
-    Needs no running consumer.
+    Needs no running consumer. The rules: docs/protocol.md.
 
     Example:
 
-        claimkit reclaim --once --transport-config-file /etc/claimkit/transport.json
+        claimkit reclaim --once \\
+          --transport-config-file /etc/claimkit/transport.json
     """
     if not once:
-        fail("reclaim needs --once (serve runs the reclaimer continuously)")
+        usage_error("reclaim needs --once (serve runs the reclaimer continuously)")
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if not config.queues:
         fail(
@@ -434,8 +451,9 @@ def reclaim(
 
 dead_app = typer.Typer(
     name="dead",
-    help="List, requeue or purge a queue's dead letters (<queue>:dead, SPEC §1).",
+    help="List, requeue or purge a queue's dead letters (<queue>:dead, docs/protocol.md).",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 
@@ -513,10 +531,11 @@ def dead_requeue(
 
     Example:
 
-        claimkit dead requeue --redis-url redis://127.0.0.1:6379/0 --queue requests r1 r2
+        claimkit dead requeue --redis-url redis://127.0.0.1:6379/0 \\
+          -q requests r1 r2
     """
     if bool(ids) == all_:
-        fail("name the ids to requeue or pass --all (not both)")
+        usage_error("name the ids to requeue or pass --all (not both)")
     target = _target(queue, transport_config, transport_config_file, redis_url)
     from ._dead import RequeueReport, requeue_dead
     from ._inspect import check_key_types
@@ -586,10 +605,11 @@ def dead_purge(
 
     Example:
 
-        claimkit dead purge --redis-url redis://127.0.0.1:6379/0 -q requests --older-than 604800
+        claimkit dead purge --redis-url redis://127.0.0.1:6379/0 \\
+          -q requests --older-than 604800
     """
     if sum((bool(ids), all_, older_than is not None)) != 1:
-        fail("say what to purge: ids, --all or --older-than SECONDS (exactly one)")
+        usage_error("say what to purge: ids, --all or --older-than SECONDS (exactly one)")
     target = _target(queue, transport_config, transport_config_file, redis_url)
     from ._dead import PurgeReport, purge_dead
     from ._inspect import check_key_types
@@ -759,25 +779,33 @@ def results(
         str | None,
         typer.Option(
             "--list",
+            metavar="LIST",
             help="The result list (default: result_queue_name from the config, else result-list).",
             show_default=False,
         ),
     ] = None,
+    pop: Annotated[
+        bool,
+        typer.Option(
+            "--pop", help="Remove each record printed (RPOP); without it nothing is removed."
+        ),
+    ] = False,
     follow: Annotated[
         bool,
         typer.Option(
             "--follow",
-            "-f",
-            help="Keep waiting for records until Ctrl-C; rides out a Redis restart.",
+            help="With --pop: keep popping new records until Ctrl-C; rides out a Redis restart.",
         ),
     ] = False,
     peek: Annotated[
-        bool, typer.Option("--peek", help="Read without removing (not with --follow).")
+        bool,
+        typer.Option("--peek", help="Read without removing: the default, accepted for scripts."),
     ] = False,
     count: Annotated[
         int | None,
         typer.Option(
             min=1,
+            metavar="N",
             help="At most this many records (default 100; with --follow: no limit).",
             show_default=False,
         ),
@@ -789,24 +817,39 @@ def results(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Read terminal records (SPEC §2.3), oldest first, removing them (RPOP) unless --peek.
+    """Print terminal records, oldest first, without removing them (unless --pop).
 
     Each line: id, status code or error code, body or error message (--json: the record
-    exactly as stored). --follow blocks for new records until Ctrl-C (or --count
-    records) and rides out a Redis restart: one line on stderr, retries with backoff,
-    carries on when Redis is back. A record it pops is never lost: it is moved to a
-    holding list of its own (<list>:following:<hex>) and removed from there once printed.
+    exactly as stored, docs/protocol.md). By default the oldest --count records are read
+    with LRANGE and stay in the list. --pop removes each record it prints (RPOP): a
+    producer that reads its results this way gets each record once.
 
-    Example:
+    --follow --pop blocks for new records until Ctrl-C (or --count records), removing
+    each one it prints, and rides out a Redis restart: one line on stderr, retries with
+    backoff, carries on when Redis is back. A record it pops is never lost: it is moved
+    to a holding list of its own (<list>:following:<hex>) and removed from there once
+    printed. --follow without --pop is refused: there is no following without removing.
 
-        claimkit results --redis-url redis://127.0.0.1:6379/0 --list result-list --follow --json
+    Examples:
+
+        claimkit results --redis-url redis://127.0.0.1:6379/0 --count 10
+
+        claimkit results --redis-url redis://127.0.0.1:6379/0 \\
+          --follow --pop --json
     """
-    if follow and peek:
-        fail("--peek cannot be combined with --follow: a list cannot be tailed without popping")
+    if peek and pop:
+        usage_error("--peek and --pop cannot be combined: --peek reads without removing")
+    if follow and not pop:
+        usage_error(
+            "--follow removes each record it prints: pass --follow --pop "
+            "(without --pop, results only reads)"
+        )
+    if list_name is not None and not list_name:
+        usage_error("--list must not be empty")
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     name = list_name or config.result_queue_name
     if not name:
-        fail("--list must not be empty")
+        fail("the configuration's result_queue_name is empty: name the list with --list")
     from ._inspect import check_key_types
 
     def emit(raw: bytes) -> None:
@@ -817,10 +860,10 @@ def results(
         async with open_store(config.url) as store:
             await check_key_types(store, {name: "list"})
             n = count or 100
-            if peek:
-                raw = list(reversed(await store.command("LRANGE", name, -n, -1)))
-            else:
+            if pop:
                 raw = await store.command("RPOP", name, n) or []
+            else:
+                raw = list(reversed(await store.command("LRANGE", name, -n, -1)))
             for item in raw:
                 emit(item)
             return len(raw)
@@ -849,13 +892,14 @@ def cancel(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Cancel requests (SPEC §2.2): set request-cancel:<id> to the live generation's token.
+    """Cancel requests: set request-cancel:<id> to the live generation's token.
 
     A consumer ends a cancelled request with one CANCELLED record when it claims it; a
     request already being run is not interrupted. An id with no live generation (unknown,
     finished - its terminal record was pushed - or past its deadline) is reported and left
-    alone. Ids are handled in order; a cancel key of another Redis type stops the run with
-    one error line naming the key (exit status 1), after the lines of the ids before it.
+    alone, and the command then exits 1 naming it (every other id is still cancelled).
+    Ids are handled in order; a cancel key of another Redis type stops the run with one
+    error line naming the key (exit status 1), after the lines of the ids before it.
 
     Example:
 
@@ -880,9 +924,12 @@ def cancel(
         if cancelled:
             typer.echo(f"{rid}: cancelled")
         else:
-            typer.echo(f"{rid}: not active (unknown, finished or expired); nothing to cancel")
+            typer.echo(f"{rid}: not active (unknown, finished or expired); not cancelled")
     if refused is not None:
         fail(str(refused))
+    inactive = [rid for rid, cancelled in zip(ids, outcomes, strict=True) if not cancelled]
+    if inactive:
+        fail("no live request to cancel for " + ", ".join(map(repr, dict.fromkeys(inactive))))
 
 
 def register(app: typer.Typer) -> None:

@@ -50,9 +50,10 @@ def invoke(args: Sequence[str], url: str | None = None) -> Result:
     return runner.invoke(app, list(args), env={"REDIS_URL": url, "COLUMNS": "200"})
 
 
-def one_line_error(result: Result, text: str | None = None) -> str:
-    """Assert ``result`` failed with exactly one ``claimkit: ...`` line and no traceback."""
-    assert result.exit_code == 1, (result.exit_code, result.output)
+def one_line_error(result: Result, text: str | None = None, code: int = 1) -> str:
+    """Assert ``result`` failed with exit status ``code`` (1: not done; 2: a usage error),
+    exactly one ``claimkit: ...`` line and no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.output)
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
@@ -312,6 +313,7 @@ def test_watch_and_json_do_not_combine(redis_url: str) -> None:
     one_line_error(
         invoke(["inspect", "-q", Q, "--watch", "--json"], redis_url),
         "--watch and --json cannot be combined: --json prints one document",
+        code=2,
     )
 
 
@@ -401,6 +403,7 @@ def test_drain_requires_release_all(redis_url: str) -> None:
     one_line_error(
         invoke(["drain", "-q", Q], redis_url),
         "drain needs --release-all (add --dry-run to preview what would be released)",
+        code=2,
     )
 
 
@@ -450,6 +453,7 @@ def test_reclaim_requires_once_and_configured_queues(redis_url: str) -> None:
     one_line_error(
         invoke(["reclaim"], redis_url),
         "reclaim needs --once (serve runs the reclaimer continuously)",
+        code=2,
     )
     one_line_error(
         invoke(["reclaim", "--once"], redis_url),
@@ -594,8 +598,8 @@ def test_dead_requeue_by_id_and_all(redis_url: str) -> None:
 
 def test_dead_requeue_needs_ids_or_all(redis_url: str) -> None:
     message = "name the ids to requeue or pass --all (not both)"
-    one_line_error(invoke(["dead", "requeue", "-q", Q], redis_url), message)
-    one_line_error(invoke(["dead", "requeue", "-q", Q, "a", "--all"], redis_url), message)
+    one_line_error(invoke(["dead", "requeue", "-q", Q], redis_url), message, code=2)
+    one_line_error(invoke(["dead", "requeue", "-q", Q, "a", "--all"], redis_url), message, code=2)
 
 
 def test_dead_purge(redis_url: str) -> None:
@@ -603,8 +607,8 @@ def test_dead_purge(redis_url: str) -> None:
     a, b, c = (member(x, 1_900_000_000) for x in "abc")
     do(redis_url, ("ZADD", f"{Q}:dead", now - 1000, a, now - 500, b, now, c))
     message = "say what to purge: ids, --all or --older-than SECONDS (exactly one)"
-    one_line_error(invoke(["dead", "purge", "-q", Q], redis_url), message)
-    one_line_error(invoke(["dead", "purge", "-q", Q, "a", "--all"], redis_url), message)
+    one_line_error(invoke(["dead", "purge", "-q", Q], redis_url), message, code=2)
+    one_line_error(invoke(["dead", "purge", "-q", Q, "a", "--all"], redis_url), message, code=2)
     assert invoke(["dead", "purge", "-q", Q, "a"], redis_url).stdout == (
         f"claimkit dead purge {Q}: purged=1 not_found=0\n"
     )
@@ -644,21 +648,48 @@ def test_results_peek_reads_without_removing(redis_url: str) -> None:
     assert do(redis_url, ("LLEN", "result-list"))[0] == 3
 
 
-def test_results_pops_oldest_first(redis_url: str) -> None:
+def test_results_reads_without_removing_by_default(redis_url: str) -> None:
     push_records(redis_url)
     result = invoke(["results", "--count", "2", "--json"], redis_url)
     assert result.exit_code == 0, result.output
     assert result.stdout.encode().splitlines() == RECORDS[:2]
+    assert do(redis_url, ("LRANGE", "result-list", 0, -1))[0] == list(reversed(RECORDS))
+    again = invoke(["results"], redis_url)
+    assert again.stdout.splitlines() == [
+        'r1  200  {"text":"hi"}',
+        "r2  DEADLINE_EXCEEDED  deadline exceeded",
+        "?  (not a terminal record)  not a record",
+    ]
+    assert do(redis_url, ("LLEN", "result-list"))[0] == 3
+
+
+def test_results_pop_removes_oldest_first(redis_url: str) -> None:
+    push_records(redis_url)
+    result = invoke(["results", "--pop", "--count", "2", "--json"], redis_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.encode().splitlines() == RECORDS[:2]
     assert do(redis_url, ("LRANGE", "result-list", 0, -1))[0] == [RECORDS[2]]
-    assert invoke(["results"], redis_url).stdout == "?  (not a terminal record)  not a record\n"
-    empty = invoke(["results"], redis_url)
+    popped = invoke(["results", "--pop"], redis_url).stdout
+    assert popped == "?  (not a terminal record)  not a record\n"
+    empty = invoke(["results", "--pop"], redis_url)
     assert (empty.exit_code, empty.stdout) == (0, "")
     assert empty.stderr == "claimkit results: result-list is empty\n"
+    assert do(redis_url, ("EXISTS", "result-list"))[0] == 0
 
 
-def test_results_follow_stops_after_count(redis_url: str) -> None:
+def test_results_follow_pops_only_when_asked(redis_url: str) -> None:
     push_records(redis_url, "mine")
-    result = invoke(["results", "--list", "mine", "--follow", "--count", "2", "--json"], redis_url)
+    refused = invoke(["results", "--list", "mine", "--follow", "--count", "2"], redis_url)
+    one_line_error(
+        refused,
+        "--follow removes each record it prints: pass --follow --pop "
+        "(without --pop, results only reads)",
+        code=2,
+    )
+    assert do(redis_url, ("LLEN", "mine"))[0] == 3
+    result = invoke(
+        ["results", "--list", "mine", "--follow", "--pop", "--count", "2", "--json"], redis_url
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.encode().splitlines() == RECORDS[:2]
     assert do(redis_url, ("LLEN", "mine"))[0] == 1
@@ -673,8 +704,12 @@ def test_results_list_defaults_to_the_configured_result_queue(redis_url: str) ->
 
 def test_results_errors(redis_url: str) -> None:
     one_line_error(
-        invoke(["results", "--follow", "--peek"], redis_url),
-        "--peek cannot be combined with --follow: a list cannot be tailed without popping",
+        invoke(["results", "--pop", "--peek"], redis_url),
+        "--peek and --pop cannot be combined: --peek reads without removing",
+        code=2,
+    )
+    one_line_error(
+        invoke(["results", "--list", ""], redis_url), "--list must not be empty", code=2
     )
     do(redis_url, ("SET", "result-list", "x"))
     one_line_error(
@@ -691,11 +726,12 @@ def test_cancel_sets_the_marker_of_a_live_request(redis_url: str) -> None:
 
     token = redis(redis_url, submit)
     result = invoke(["cancel", "r1", "ghost"], redis_url)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # one id asked for was not found
     assert result.stdout.splitlines() == [
         "r1: cancelled",
-        "ghost: not active (unknown, finished or expired); nothing to cancel",
+        "ghost: not active (unknown, finished or expired); not cancelled",
     ]
+    assert result.stderr == "claimkit: no live request to cancel for 'ghost'\n"
     value, ttl, ghost = do(
         redis_url,
         ("GET", "request-cancel:r1"),
