@@ -338,8 +338,10 @@ def test_follow_rides_out_a_redis_restart(
     out_path, err_path = tmp_path / "follow.out", tmp_path / "follow.err"
     with out_path.open("wb") as out, err_path.open("wb") as err:
         proc = subprocess.Popen(
-            [str(CLAIMKIT), "results", "--follow", "--pop", "--json", "--list", "res"]
-            + ["--redis-url", url],
+            [
+                *(str(CLAIMKIT), "results", "--follow", "--pop", "--json"),
+                *("--list", "res", "--redis-url", url),
+            ],
             stdout=out,
             stderr=err,
             env={**os.environ, "COLUMNS": "200"},
