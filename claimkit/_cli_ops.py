@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -35,7 +36,7 @@ from ._config import Config, ConfigError, QueueConfig
 from ._store import StoreUnavailable, open_store
 
 if TYPE_CHECKING:
-    from ._console import Console
+    from ._console import Console, RenderableType
     from ._drain import DrainReport
     from ._inspect import QueueSnapshot
     from ._store import Store
@@ -163,6 +164,11 @@ def _console() -> Console:
 # -- inspect ---------------------------------------------------------------------------------
 
 
+WATCH_STALE_AFTER = 2.0
+"""Seconds a read of ``inspect --watch`` may go unanswered before the view on screen is
+marked STALE (a read takes milliseconds; the store gives up on a reply only after 10 s)."""
+
+
 async def watch_queue(
     store: Store,
     queue: str,
@@ -174,37 +180,97 @@ async def watch_queue(
     limit: int,
     interval: float,
     refreshes: int | None = None,
+    stale_after: float = WATCH_STALE_AFTER,
+    clock: Callable[[], float] = time.time,
 ) -> None:
-    """Redraw the ``inspect`` view every ``interval`` seconds until cancelled or Ctrl-C
-    (or ``refreshes`` views, for tests). While Redis cannot be reached the view says so
-    and keeps trying; a key of the wrong type ends the watch (``WrongKeyType``).
+    """Redraw the ``inspect`` view until cancelled or Ctrl-C (or ``refreshes`` reads, for
+    tests): a read every ``interval`` seconds, a redraw at least every second.
+
+    The view's first line says when it was read (``read 12:00:01Z, 3.0s ago``, UTC). When
+    a read goes unanswered for ``stale_after`` seconds (a frozen Redis) or Redis cannot
+    be reached, the last view stays on screen under a ``STALE:`` line saying since when
+    and why, and the reads go on; the line goes once Redis answers. A key of the wrong
+    type ends the watch (``WrongKeyType``). ``clock`` gives Unix seconds (tests).
 
     Cancellation: the normal way out; the last view stays on screen.
     """
-    from ._console import error_view, live_view, snapshot_view
+    from ._console import error_view, format_clock, live_view, snapshot_view, watch_status
     from ._inspect import check_key_types, snapshot
 
     first_seen: dict[tuple[str, str], float] = {}
-    drawn = 0
+    last: RenderableType | None = None  # the last view read
+    read_at = 0.0  # when it was read (clock)
+    asking_since: float | None = None  # a read is in flight since then
+    trouble_since: float | None = None  # reads unanswered or failing since then
+    failure: str | None = None  # why the last read failed
+    reads = 0
+
     with live_view(console) as update:
-        while True:
-            try:
-                await check_key_types(store, key_types)
-                snap = await snapshot(
-                    store,
-                    queue,
-                    result_lists=result_lists,
-                    retry_set=retry_set,
-                    limit=limit,
-                    first_seen=first_seen,
-                )
-                update(snapshot_view(snap, url=store.url))
-            except StoreUnavailable as exc:
-                update(error_view(f"Redis at {store.url} is unavailable: {exc}; retrying"))
-            drawn += 1
-            if refreshes is not None and drawn >= refreshes:
+
+        def draw() -> None:
+            now = clock()
+            hung = asking_since is not None and now - asking_since > stale_after
+            since = trouble_since if trouble_since is not None else asking_since
+            if last is None:
+                if failure is not None:
+                    update(error_view(f"Redis at {store.url} is unavailable: {failure}; retrying"))
+                elif hung and since is not None:
+                    update(
+                        error_view(
+                            f"Redis at {store.url} not answering since {format_clock(since)}; "
+                            "waiting"
+                        )
+                    )
                 return
-            await trio.sleep(interval)
+            if failure is not None and since is not None:
+                why = f"unavailable since {format_clock(since)}: {failure}"
+            elif hung and since is not None:
+                why = f"not answering since {format_clock(since)}"
+            else:
+                update(watch_status(last, read_at=read_at, now=now))
+                return
+            stale = f"Redis at {store.url} {why}"
+            update(watch_status(last, read_at=read_at, now=now, stale=stale))
+
+        async def read_forever(cancel_scope: trio.CancelScope) -> None:
+            nonlocal last, read_at, asking_since, trouble_since, failure, reads
+            while True:
+                asking_since = clock()
+                try:
+                    await check_key_types(store, key_types)
+                    snap = await snapshot(
+                        store,
+                        queue,
+                        result_lists=result_lists,
+                        retry_set=retry_set,
+                        limit=limit,
+                        first_seen=first_seen,
+                    )
+                except StoreUnavailable as exc:
+                    if trouble_since is None:
+                        trouble_since = asking_since
+                    failure = str(exc)
+                else:
+                    last, read_at = snapshot_view(snap, url=store.url), clock()
+                    trouble_since = failure = None
+                asking_since = None
+                reads += 1
+                draw()
+                if refreshes is not None and reads >= refreshes:
+                    cancel_scope.cancel()
+                    return
+                await trio.sleep(interval)
+
+        async def redraw_forever() -> None:
+            # A hung read must not freeze the screen: "3.0s ago" keeps counting and an
+            # overdue read turns the view STALE while the read itself still waits.
+            while True:
+                await trio.sleep(min(interval, 1.0))
+                draw()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_forever, nursery.cancel_scope)
+            nursery.start_soon(redraw_forever)
 
 
 def inspect_queue(

@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Console",
+    "RenderableType",
     "claims_table",
     "dead_table",
     "error_view",
+    "format_clock",
     "format_duration",
     "format_time",
     "live_view",
@@ -37,6 +39,7 @@ __all__ = [
     "progress_bar",
     "short_token",
     "snapshot_view",
+    "watch_status",
 ]
 
 SHORT_TOKEN = 8
@@ -192,6 +195,27 @@ def snapshot_view(snap: QueueSnapshot, *, url: str) -> RenderableType:
     else:
         parts.append(Text("no claims", style="dim"))
     return Group(*parts)
+
+
+def format_clock(ts: float) -> str:
+    """Unix seconds -> the time of day, ``12:00:01Z`` (UTC, whole seconds); never raises."""
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return format_time(ts)
+
+
+def watch_status(
+    view: RenderableType, *, read_at: float, now: float, stale: str | None = None
+) -> RenderableType:
+    """``view`` under a line saying when it was read (``read 12:00:01Z, 3.0s ago``), and,
+    when ``stale`` says why the view is old, a bold ``STALE: <why>; ...`` line above it.
+    Times are Unix seconds (the watcher's clock)."""
+    read = f"read {format_clock(read_at)}, {format_duration(now - read_at)} ago"
+    if stale is None:
+        return Group(Text(read, style="dim"), view)
+    line = Text(f"STALE: {stale}; retrying. Below: the view {read}", style="bold red")
+    return Group(line, view)
 
 
 def error_view(message: str) -> RenderableType:

@@ -309,6 +309,65 @@ async def test_watch_shows_an_unreachable_redis_and_keeps_going() -> None:
     gc.collect()
 
 
+async def test_watch_marks_the_view_stale_while_redis_is_frozen(redis_factory: Any) -> None:
+    """A SIGSTOPped Redis keeps its connections open and answers nothing: the view on
+    screen says when it was read, turns STALE (naming since when) while the read hangs,
+    and is fresh again once Redis answers."""
+    server = redis_factory()
+    out = io.StringIO()
+    console = Console(file=out, width=200, force_terminal=True, color_system=None)
+
+    def screen() -> str:
+        return out.getvalue()
+
+    async def shown(text: str, after: int = 0) -> int:
+        """Wait until ``text`` is on screen past offset ``after``; return where it starts."""
+        while (at := screen().find(text, after)) < 0:
+            await trio.sleep(0.02)
+        return at
+
+    with trio.fail_after(30):
+        async with open_store(server.url) as store, trio.open_nursery() as nursery:
+            for command in claim_commands(Q, "c1", token=TOKEN_A, expiry=2e9, score=1):
+                await store.command(*command)
+            nursery.start_soon(
+                lambda: watch_queue(
+                    store,
+                    Q,
+                    console=console,
+                    key_types=queue_key_types(Q),
+                    result_lists=["result-list"],
+                    retry_set="retry-sortedset",
+                    limit=10,
+                    interval=0.1,
+                    stale_after=1.0,
+                )
+            )
+            fresh = await shown("claims (1 of 1")
+            assert re.search(r"read \d\d:\d\d:\d\dZ, \d+ms ago", screen()), screen()
+            server.pause()
+            try:
+                # The store waits 10 s for a reply: the marker comes while the read hangs.
+                with trio.fail_after(8):
+                    stale = await shown(f"STALE: Redis at {store.url} not answering since ", fresh)
+            finally:
+                server.resume()
+            line = screen()[stale:].splitlines()[0]
+            assert re.fullmatch(
+                rf"STALE: Redis at {re.escape(store.url)} not answering since "
+                r"\d\d:\d\d:\d\dZ; retrying\. Below: the view read \d\d:\d\d:\d\dZ, "
+                r"[\d.]+m?s ago *",
+                line,
+            ), line
+            # The last view stays on screen under the marker, and Redis answers again: a
+            # fresh frame, whose first line says when it was read, follows the marker.
+            assert "claims (1 of 1" in screen()[stale:]
+            fresh_line = re.compile(r"(?<!the view )read \d\d:\d\d:\d\dZ, [\d.]+m?s ago")
+            while not fresh_line.search(screen(), stale):
+                await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+
+
 def test_watch_and_json_do_not_combine(redis_url: str) -> None:
     one_line_error(
         invoke(["inspect", "-q", Q, "--watch", "--json"], redis_url),
@@ -708,9 +767,7 @@ def test_results_errors(redis_url: str) -> None:
         "--peek and --pop cannot be combined: --peek reads without removing",
         code=2,
     )
-    one_line_error(
-        invoke(["results", "--list", ""], redis_url), "--list must not be empty", code=2
-    )
+    one_line_error(invoke(["results", "--list", ""], redis_url), "--list must not be empty", code=2)
     do(redis_url, ("SET", "result-list", "x"))
     one_line_error(
         invoke(["results"], redis_url),
