@@ -532,8 +532,13 @@ def dead_list(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """List dead letters, oldest first: id, when it died, its deadline, its size, and
-    why it cannot be requeued when the consumer would dead-letter it again.
+    """List dead letters, oldest first: id, when it died, its deadline, and why it died.
+
+    The cause is "invalid" (the consumer could not serve it; the reason names the bad
+    field) or "max deliveries" (its lease expired max_deliveries times without an ack).
+    It is found from the member's bytes by the consumer's own checks; an invalid member
+    cannot be requeued ("cannot_requeue" in --json). The table fits the terminal (80
+    columns too) and cuts long reasons short; --json has them in full ("reason").
 
     With --json each entry carries the exact member: "member" is its text when the bytes
     are valid UTF-8, else null with "member_base64" holding the bytes. The JSON is strict:
@@ -555,15 +560,32 @@ def dead_list(
             return total, letters, int(secs) + int(micros) / 1_000_000
 
     total, letters, now = _run(go, url=target.config.url)
+    config = target.config
+    queues = [q.queue_name for q in config.queues] or [queue]
+    reserved = _keys.reserved_keys(queues, config.retry_queue_name)
+    causes = [
+        d.cause_of_death(
+            max_deliveries=config.max_deliveries,
+            reserved=reserved,
+            result_list_configured=bool(
+                target.queue_config and target.queue_config.result_queue_name
+            ),
+        )
+        for d in letters
+    ]
     if json_out:
-        _print_json({"queue": queue, "total": total, "dead": [d.to_json() for d in letters]})
+        dead = [d.to_json(cause) for d, cause in zip(letters, causes, strict=True)]
+        _print_json({"queue": queue, "total": total, "dead": dead})
         return
     if not letters:
         typer.echo(f"{queue}:dead is empty")
         return
     from ._console import dead_table
 
-    _console().print(dead_table(letters, now=now, total=total, queue=queue))
+    console = _console()
+    console.print(
+        dead_table(letters, causes, now=now, total=total, queue=queue, width=console.width)
+    )
 
 
 @dead_app.command("requeue")

@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from ._dead import DeadLetter
+    from ._dead import DeadLetter, DeathCause
     from ._inspect import ClaimRow, QueueSnapshot
 
 __all__ = [
@@ -223,32 +223,53 @@ def error_view(message: str) -> RenderableType:
     return Text(message, style="bold red")
 
 
-def dead_table(letters: Sequence[DeadLetter], *, now: float, total: int, queue: str) -> Table:
-    """The ``dead list`` table: id, when it died, its deadline, its size, and why it cannot
-    be requeued (the consumer's own reason, :attr:`DeadLetter.problem`) when it cannot."""
-    table = Table(
-        title=f"{queue}:dead ({len(letters)} of {total}, oldest first)",
-        title_justify="left",
+_CAUSE_LABEL = {"invalid": "invalid", "max_deliveries": "max deliveries"}
+_ID_WIDTH = 20
+"""The widest the ``dead list`` id column gets; a longer id folds onto a second line."""
+_WHY_MIN_WIDTH = 20
+
+
+def dead_table(
+    letters: Sequence[DeadLetter],
+    causes: Sequence[DeathCause],
+    *,
+    now: float,
+    total: int,
+    queue: str,
+    width: int = 80,
+) -> Table:
+    """The ``dead list`` table, made to fit 80 columns: id, when it died and its deadline
+    (relative to ``now``, the server clock; exact in ``--json``), and why it died: the
+    cause and the reason on one line, cut short with ``…`` when it does not fit (the full
+    text is in ``--json``). A member the consumer would dead-letter again (it cannot be
+    requeued) is yellow. ``width``: the columns to fit in."""
+    ids = [d.id or "? (unreadable)" for d in letters]
+    died = [_relative(d.dead_at, now) for d in letters]
+    deadlines = [
+        "unreadable" if d.deadline is None else _relative(d.deadline, now) for d in letters
+    ]
+    id_width = min(_ID_WIDTH, max(map(len, ["id", *ids])))
+    # Four columns: five rules and a space either side of each cell.
+    rest = sum(
+        max(map(len, [head, *cells])) for head, cells in (("died", died), ("deadline", deadlines))
     )
-    table.add_column("id", overflow="fold")
-    table.add_column("dead since")
-    table.add_column("deadline")
-    table.add_column("bytes", justify="right")
-    table.add_column("requeue", overflow="fold")
-    for d in letters:
-        deadline = (
-            Text(format_time(d.deadline))
-            if d.deadline is not None
-            else Text("unreadable", style="yellow")
-        )
-        problem = d.problem
-        table.add_row(
-            d.id or Text("? (unreadable)", style="yellow"),
-            f"{format_time(d.dead_at)} ({_relative(d.dead_at, now)})",
-            deadline,
-            str(len(d.member)),
-            Text("ok") if problem is None else Text(f"cannot requeue: {problem}", style="yellow"),
-        )
+    why_width = max(_WHY_MIN_WIDTH, width - 13 - id_width - rest)
+    table = Table(
+        title=f"{queue}:dead ({len(letters)} of {total}, oldest first; full reasons: --json)",
+        title_justify="left",
+        expand=False,
+    )
+    table.add_column("id", overflow="fold", width=id_width)
+    table.add_column("died", no_wrap=True)
+    table.add_column("deadline", no_wrap=True)
+    table.add_column("why", no_wrap=True, overflow="ellipsis", max_width=why_width)
+    for d, cause, rid, dead_at, when in zip(letters, causes, ids, died, deadlines, strict=True):
+        deadline = Text(when, style="yellow" if d.deadline is None else "")
+        why = Text(f"{_CAUSE_LABEL.get(cause.cause, cause.cause)}: ", style="bold")
+        why.append(cause.reason.removeprefix("Failed: "))
+        if d.problem is not None:
+            why.stylize("yellow")
+        table.add_row(Text(rid, style="" if d.id else "yellow"), dead_at, deadline, why)
     return table
 
 

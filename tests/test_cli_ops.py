@@ -24,8 +24,9 @@ from typer.testing import CliRunner, Result
 from claimkit._cli import app
 from claimkit._cli_ops import watch_queue
 from claimkit._inspect import queue_key_types
+from claimkit._models import Invalid, parse_member
 from claimkit._producer import Producer
-from claimkit._protocol import new_token
+from claimkit._protocol import QueueOps, new_token
 from claimkit._store import Arg, Store, open_store
 
 T = TypeVar("T")
@@ -604,9 +605,11 @@ def test_dead_list_text_and_json(redis_url: str) -> None:
     do(redis_url, ("ZADD", f"{Q}:dead", 1_700_000_000, good, 1_700_000_001, b"garbage"))
     result = invoke(["dead", "list", "-q", Q], redis_url)
     assert result.exit_code == 0, result.output
-    assert f"{Q}:dead (2 of 2, oldest first)" in result.stdout
-    assert "d1" in result.stdout and "2023-11-14T22:13:20Z" in result.stdout
-    assert "? (unreadable)" in result.stdout and "cannot requeue" in result.stdout
+    assert f"{Q}:dead (2 of 2, oldest first; full reasons: --json)" in result.stdout
+    d1_row = next(line for line in result.stdout.splitlines() if "│ d1 " in line)
+    assert "max deliveries: lease expired 10 times without an ack (max_deliveries=10)" in d1_row
+    unreadable = next(line for line in result.stdout.splitlines() if "? (unreadable)" in line)
+    assert "invalid: request is not valid JSON: JSON is malformed: invalid" in unreadable
     doc = json.loads(invoke(["dead", "list", "-q", Q, "--json", "--limit", "1"], redis_url).stdout)
     assert doc == {
         "queue": Q,
@@ -616,12 +619,72 @@ def test_dead_list_text_and_json(redis_url: str) -> None:
                 "id": "d1",
                 "dead_at": 1_700_000_000.0,
                 "deadline": 1_900_000_000.0,
+                "cause": "max_deliveries",
+                "reason": "lease expired 10 times without an ack (max_deliveries=10)",
                 "member": good.decode(),
                 "cannot_requeue": None,
             },
         ],
     }
     assert invoke(["dead", "list", "-q", "empty"], redis_url).stdout == "empty:dead is empty\n"
+
+
+def test_dead_list_gives_the_cause_each_dead_letter_got_its_record_for(redis_url: str) -> None:
+    """Both ways into <q>:dead, taken for real: the consumer's dead-letter script for a
+    member it cannot serve, and ``reclaim --once`` at max_deliveries. ``dead list`` names
+    each cause, and its reason is the error_message of the record the request got."""
+    transport = config(redis_url, max_deliveries=2)
+    now = server_now(redis_url)
+    do(
+        redis_url,
+        *claim_commands(Q, "tired", token=TOKEN_A, expiry=now - 1, score=int(now) + 600),
+        ("HSET", f"{Q}:deliveries", "tired", 1),
+    )
+    assert invoke(["reclaim", "--once", "--transport-config", transport]).exit_code == 0
+    bad = b'{"request_kind":"plain","data":{"id":"sloppy","deadline":"soon"}}'
+
+    async def dead_letter(store: Store) -> None:
+        invalid = parse_member(bad)
+        assert isinstance(invalid, Invalid)
+        await QueueOps(store, Q, dedup_ttl=600).dead_letter([invalid])
+
+    do(redis_url, ("ZADD", Q, 1, bad))
+    redis(redis_url, dead_letter)
+    records = {
+        r["id"]: r["error_message"]
+        for r in map(json.loads, do(redis_url, ("LRANGE", "result-list", 0, -1))[0])
+    }
+    assert set(records) == {"tired", "sloppy"}
+    listed = invoke(["dead", "list", "-q", Q, "--json", "--transport-config", transport])
+    assert listed.exit_code == 0, listed.output
+    causes = {d["id"]: (d["cause"], d["reason"]) for d in json.loads(listed.stdout)["dead"]}
+    assert causes == {
+        "tired": ("max_deliveries", records["tired"]),
+        "sloppy": ("invalid", records["sloppy"]),
+    }
+    assert records["tired"] == "lease expired 2 times without an ack (max_deliveries=2)"
+
+
+def test_dead_list_fits_80_columns(redis_url: str) -> None:
+    base = int(server_now(redis_url))
+    do(
+        redis_url,
+        ("ZADD", f"{Q}:dead", base - 90, member("a-rather-long-request-id-0001", base + 7200)),
+        ("ZADD", f"{Q}:dead", base - 30, b'{"data":{"id":"x2","deadline":"later"}}' + b" " * 300),
+    )
+    result = runner.invoke(
+        app, ["dead", "list", "-q", Q], env={"REDIS_URL": redis_url, "COLUMNS": "80"}
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, result.stdout
+    x2 = [line for line in lines if "│ x2 " in line]
+    assert len(x2) == 1  # one line per dead letter, the reason cut short
+    assert re.search(r"│ 3\d\.\ds ago +│ unreadable +│ invalid: .*…", x2[0]), x2[0]
+    first = next(i for i, line in enumerate(lines) if "a-rather-long-reques" in line)
+    row = r"│ 1m3\ds ago +│ in (2h00m|1h59m) +│ max deliveries: lease expir"
+    assert re.search(row, lines[first]), lines[first]
+    assert "t-id-0001" in lines[first + 1]  # the id folds; the row's cells stay whole
 
 
 def test_dead_requeue_by_id_and_all(redis_url: str) -> None:
