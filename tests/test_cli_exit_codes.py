@@ -138,3 +138,29 @@ def test_redis_unreachable_is_exit_status_1(args: list[str]) -> None:
     assert result.exit_code == 1, (result.exit_code, result.output)
     assert result.stderr.startswith(f"claimkit: Redis at {url} is unavailable")
     gc.collect()
+
+
+def test_the_console_script_exits_by_the_convention(redis_url: str) -> None:
+    """The installed entry point, as a shell script sees it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    claimkit = Path(sys.executable).with_name("claimkit")
+    seed(redis_url)
+    env = {**os.environ, "REDIS_URL": redis_url}
+
+    def status(*args: str) -> tuple[int, str]:
+        done = subprocess.run(
+            [str(claimkit), *args], capture_output=True, text=True, env=env, timeout=60
+        )
+        return done.returncode, done.stderr
+
+    assert status("results")[0] == 0
+    assert status("cancel", "nobody") == (1, "claimkit: no live request to cancel for 'nobody'\n")
+    code, err = status("results", "--follow")
+    assert code == 2
+    assert err.startswith("claimkit: --follow removes each record it prints")
+    assert status("results", "--no-such-option")[0] == 2
+    assert do(redis_url, ("LLEN", "result-list"))[0] == 1  # nothing was popped
