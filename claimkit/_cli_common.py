@@ -79,6 +79,8 @@ def config_from(
     **flags: Any,
 ) -> Config:
     """Load the config or exit with one line."""
+    if transport_config is not None and transport_config_file is not None:
+        usage_error("--transport-config and --transport-config-file are mutually exclusive")
     try:
         config = load_config(
             inline=transport_config,

@@ -142,7 +142,9 @@ def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = No
             held = ("" if row.held_exact else "≥") + format_duration(row.held_seconds)
         style = "dim" if row.ghost else ("red" if row.expired else "")
         owner = short_token(row.owner) + (" (ghost)" if row.ghost else "")
-        cells: list[str | Text] = [row.id, owner, lease, str(row.deliveries)]
+        # Text, not str: a str cell is read as rich markup, and an id like "a[b]" would lose
+        # its brackets.
+        cells: list[str | Text] = [Text(row.id), Text(owner), lease, str(row.deliveries)]
         if tracked:
             cells.append(held)
         cells.append("-" if row.score is None else _relative(row.score, now))
@@ -255,7 +257,7 @@ def dead_table(
     )
     why_width = max(_WHY_MIN_WIDTH, width - 13 - id_width - rest)
     table = Table(
-        title=f"{queue}:dead ({len(letters)} of {total}, oldest first; full reasons: --json)",
+        title=Text(f"{queue}:dead ({len(letters)} of {total}, oldest first; full reasons: --json)"),
         title_justify="left",
         expand=False,
     )
@@ -307,7 +309,7 @@ def progress_bar(
         yield (lambda _n: None), (lambda _k: None)
         return
     progress = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # a queue name may hold "[...]"
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

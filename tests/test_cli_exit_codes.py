@@ -96,6 +96,7 @@ CASES: list[tuple[list[str], int]] = [
     (["serve", "--store", "nope", "--transport-config", "{cfg}"], 2),
     (["serve", "--log-level", "LOUD", "--transport-config", "{cfg}"], 2),
     (["sim", "--rate-429", "2"], 2),
+    (["inspect", "-q", Q, "--transport-config", "{cfg}", "--transport-config-file", "x"], 2),
     ([], 2),
 ]
 

@@ -687,6 +687,24 @@ def test_dead_list_fits_80_columns(redis_url: str) -> None:
     assert "t-id-0001" in lines[first + 1]  # the id folds; the row's cells stay whole
 
 
+def test_tables_show_brackets_in_names_as_written(redis_url: str) -> None:
+    """Ids and queue names are data, not rich markup: "[bold]" is shown, not swallowed."""
+    queue = "q[red]"
+    now = server_now(redis_url)
+    do(
+        redis_url,
+        *claim_commands(queue, "a[bold]b", token=TOKEN_A, expiry=now + 60, score=int(now) + 60),
+        ("ZADD", f"{queue}:dead", int(now), member("d[i]1", int(now) + 60)),
+    )
+    shown = invoke(["inspect", "-q", queue], redis_url)
+    assert shown.exit_code == 0, shown.output
+    assert "│ a[bold]b " in shown.stdout
+    listed = invoke(["dead", "list", "-q", queue], redis_url)
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout.startswith("q[red]:dead (1 of 1, ")
+    assert "│ d[i]1 " in listed.stdout
+
+
 def test_dead_requeue_by_id_and_all(redis_url: str) -> None:
     a, b, c = (member(x, 1_900_000_000 + i) for i, x in enumerate("abc"))
     do(redis_url, ("ZADD", f"{Q}:dead", 1, a, 2, b, 3, c, 4, b"junk"))
