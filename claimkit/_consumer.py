@@ -922,7 +922,7 @@ class Consumer:
                     continue
                 if counts.redelivered or counts.dead:
                     log.info(
-                        "reclaim %s: redelivered=%d dead=%d ghosts=%d",
+                        "reclaim %s: redelivered=%d dead_lettered=%d ghosts=%d",
                         q.name,
                         counts.redelivered,
                         counts.dead,
