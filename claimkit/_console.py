@@ -123,14 +123,15 @@ def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = No
     Expired leases are shown in bold red; ghost entries (no owner or payload) dimmed.
     """
     table = Table(title=title, title_justify="left", expand=False)
+    # Only the id folds: on 80 columns every other cell stays on one line.
     table.add_column("id", overflow="fold")
-    table.add_column("owner")
-    table.add_column("lease left", justify="right")
-    table.add_column("deliveries", justify="right")
+    table.add_column("owner", no_wrap=True)
+    table.add_column("lease left", justify="right", no_wrap=True)
+    table.add_column("deliveries", justify="right", no_wrap=True)
     tracked = any(row.held_seconds is not None for row in rows)
     if tracked:
-        table.add_column("held", justify="right")
-    table.add_column("deadline")
+        table.add_column("held", justify="right", no_wrap=True)
+    table.add_column("deadline", no_wrap=True)
     for row in rows:
         if row.expired:
             lease = Text(f"expired {format_duration(row.lease_left)} ago", style="bold red")

@@ -687,6 +687,19 @@ def test_dead_list_fits_80_columns(redis_url: str) -> None:
     assert "t-id-0001" in lines[first + 1]  # the id folds; the row's cells stay whole
 
 
+def test_the_claim_table_fits_80_columns(redis_url: str) -> None:
+    now = server_now(redis_url)
+    rid = "req-2f9c1e7a-4b1d-4c3e-9f00-000000000001"
+    do(redis_url, *claim_commands(Q, rid, token=TOKEN_A, expiry=now - 5, score=int(now) + 600))
+    result = runner.invoke(app, ["inspect", "-q", Q], env={"REDIS_URL": redis_url, "COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, result.stdout
+    row = next(line for line in lines if "│ req-" in line)
+    # Only the id folds; the lease, deliveries and deadline cells stay whole.
+    assert re.search(r"│ aaaaaaaa │ expired \d\.\ds ago │ +0 │ in 9m5\ds │$", row), row
+
+
 def test_tables_show_brackets_in_names_as_written(redis_url: str) -> None:
     """Ids and queue names are data, not rich markup: "[bold]" is shown, not swallowed."""
     queue = "q[red]"
