@@ -29,7 +29,6 @@ from ._cli_common import (
 
 app = typer.Typer(
     name="claimkit",
-    help="Durable peek -> claim -> ack consumer for Redis sorted-set LLM inference queues.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
