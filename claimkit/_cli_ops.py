@@ -5,7 +5,8 @@ They share serve's configuration (SPEC §6: ``--transport-config``/``-file``,
 ``--redis-url``, ``$REDIS_URL``). A queue named with ``--queue`` must be one of the
 configured queues when the config lists queues; with only a Redis URL any name is
 accepted, and a key of the wrong Redis type is one error line. Every error is one line on
-stderr and exit status 1 (:func:`claimkit._cli_common.run`); passwords are never printed.
+stderr: exit status 1 when the work could not be done (:func:`claimkit._cli_common.run`),
+2 for a usage error (docs/cli.md, "Exit status"); passwords are never printed.
 """
 
 from __future__ import annotations
