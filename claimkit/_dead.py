@@ -1,8 +1,9 @@
 """Dead letters of a queue (``<q>:dead``, SPEC §1): list, requeue, purge (``claimkit dead``).
 
-A member lands in ``<q>:dead`` when it cannot be parsed (SPEC §3.1) or was redelivered
-``max_deliveries`` times (SPEC §3.7); its score is the server time it died. The member
-bytes are kept, so a dead letter can be put back exactly as the producer wrote it.
+A member lands in ``<q>:dead`` when it cannot be parsed (SPEC §3.1) or its lease expired
+``max_deliveries`` times without an ack (SPEC §3.7); its score is the server time it died.
+The member bytes are kept, so a dead letter can be put back exactly as the producer wrote
+it, and the cause of its death found again (:meth:`DeadLetter.cause_of_death`).
 
 Requeue moves only members the consumer would accept (:func:`~claimkit._models.parse_member`
 returns an :class:`~claimkit._models.Envelope`); any other is refused with the consumer's
