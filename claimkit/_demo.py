@@ -495,10 +495,18 @@ def _notes(report: _Report) -> str:
     """Why "ids ran twice" and "duplicates suppressed 0" are both true (docs/demo.md)."""
     twice = "?" if report.ran_twice is None else str(report.ran_twice)
     suppressed = report.summary_b.get("duplicates_suppressed", "?")
-    return (
-        f"[1] {twice} ids ran twice: A was killed with their requests in flight (sent, not "
-        "yet acked); once their leases lapsed B ran them again. Execution is "
-        "at-least-once.\n"
+    if report.ran_twice == 0:
+        first = (
+            "[1] No id ran twice: A had sent none of the requests it held when it died, so "
+            "B's runs of them were their first.\n"
+        )
+    else:
+        first = (
+            f"[1] {twice} ids ran twice: A was killed with their requests in flight (sent, "
+            "not yet acked); once their leases lapsed B ran them again. Execution is "
+            "at-least-once.\n"
+        )
+    return first + (
         f"[2] Records are still one per id, and duplicates suppressed is {suppressed}: A died "
         "before it could push a record, so there was no second record to refuse. Only a "
         "late ack by a claim's earlier owner is suppressed."

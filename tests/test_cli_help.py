@@ -50,13 +50,13 @@ def command_at(path: tuple[str, ...]) -> Any:
     return command
 
 
-def example_lines(command: Any) -> list[str]:
-    """The lines of the verbatim blocks (click's ``\\b`` paragraphs) of a help text."""
-    lines: list[str] = []
-    for paragraph in (command.help or "").split("\n\n"):
-        if paragraph.startswith("\b\n"):
-            lines += [line.strip() for line in paragraph.splitlines()[1:] if line.strip()]
-    return lines
+def example_blocks(command: Any) -> list[list[str]]:
+    """The verbatim blocks (click's ``\\b`` paragraphs) of a help text, line by line."""
+    return [
+        [line.strip() for line in paragraph.splitlines()[1:] if line.strip()]
+        for paragraph in (command.help or "").split("\n\n")
+        if paragraph.startswith("\b\n")
+    ]
 
 
 def help_at_80(path: tuple[str, ...]) -> str:
@@ -82,13 +82,17 @@ def test_help_reads_well_at_80_columns(path: tuple[str, ...]) -> None:
     command = command_at(path)
     if is_group(command):
         return
-    examples = example_lines(command)
-    assert examples, f"claimkit {' '.join(path)} --help has no example"
+    blocks = example_blocks(command)
+    assert blocks, f"claimkit {' '.join(path)} --help has no example"
     shown = [line.strip() for line in text.splitlines()]
-    for line in examples:
-        assert line in shown, f"example line broken or missing: {line!r}"
-    # A continued example pastes as one command: each line but the last ends in " \".
-    assert any(line.startswith(f"claimkit {' '.join(path)}") for line in examples)
+    for block in blocks:
+        for line in block:
+            assert line in shown, f"example line broken or missing: {line!r}"
+        # Each example is one command of this name; a continued one pastes as one
+        # command: each line but the last ends in " \".
+        assert block[0].startswith(f"claimkit {' '.join(path)} "), block
+        assert all(line.endswith(" \\") for line in block[:-1]), block
+        assert not block[-1].endswith("\\"), block
 
 
 def test_flags_show_no_metavar() -> None:
