@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+from importlib.metadata import version as package_version
 from typing import Annotated, Any
 
 import typer
@@ -21,16 +22,44 @@ from ._cli_common import (
     TransportConfigFile,
     config_from,
     fail,
+    flow_help,
     run,
+    usage_error,
 )
 
 app = typer.Typer(
     name="claimkit",
-    help="Durable peek -> claim -> ack consumer for Redis sorted-set LLM inference queues.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: paragraphs flow to the terminal width, examples stay verbatim
+    # (flow_help marks them), flags show no metavar, and no rich markup eats "[...]".
+    rich_markup_mode=None,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"claimkit {package_version('claimkit')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print claimkit's version (from the installed package) and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Durable peek -> claim -> ack consumer for Redis sorted-set LLM inference queues.
+
+    Every command, its options and its exit status: docs/cli.md.
+    """
 
 
 @app.command()
@@ -114,15 +143,18 @@ def serve(
         ),
     ] = False,
 ) -> None:
-    """Consume every configured queue until SIGTERM/SIGINT (SPEC §3-§5).
+    """Consume every configured queue until SIGTERM or SIGINT.
 
-    On SIGTERM claiming stops, in-flight requests get --drain-timeout to finish, and every
-    claim still held is swept back to pending. A second signal skips the wait.
+    Peeks, claims, sends each request to its gateway and acks its terminal record
+    (docs/protocol.md, docs/dispatch.md). On SIGTERM claiming stops, in-flight requests
+    get --drain-timeout to finish, and every claim still held is swept back to pending.
+    A second signal skips the wait. Ends with one summary line (docs/cli.md). The
+    configuration: docs/configuration.md; the metrics: docs/metrics.md.
 
     Example:
 
-        claimkit serve --redis-url redis://127.0.0.1:6379/0 --transport-config \
-'{"queues":[{"queue_name":"requests","igw_base_url":"http://127.0.0.1:8000"}]}'
+        claimkit serve --redis-url redis://127.0.0.1:6379/0 \\
+          --transport-config-file transport.json
     """
     config = config_from(
         transport_config,
@@ -141,9 +173,11 @@ def serve(
         http_max_connections=http_max_connections,
     )
     if store_backend not in ("coredis", "redispy"):
-        fail(f"--store must be coredis or redispy, got {store_backend!r}")
+        usage_error(f"--store must be coredis or redispy, got {store_backend!r}")
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        fail(f"--log-level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {log_level!r}")
+        usage_error(
+            f"--log-level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {log_level!r}"
+        )
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
@@ -184,22 +218,26 @@ def submit(
     transport_config: TransportConfig = None,
     transport_config_file: TransportConfigFile = None,
 ) -> None:
-    """Submit requests (SPEC §2.2): a `data` object or a whole envelope per request.
+    """Submit requests: a `data` object or a whole envelope per request.
 
     Each needs `id` and `deadline` (integer Unix seconds, in the future, at most
     253402300799) and must be a request the consumer would serve: it is checked with the
     consumer's own parser before anything is written. With --file/stdin, one request per
     line (blank lines are skipped); all are submitted in one transaction, or none when any
     line is refused, and the refused line is named by its number. Prints one request token
-    per request; an input with no requests prints a note on stderr and exits 0.
+    per request; an input with no requests prints a note on stderr and exits 0. The
+    request format: docs/protocol.md.
 
-    Example:
+    Examples:
 
-        claimkit submit -q requests '{"id":"r1","deadline":1893456000,"payload":{"prompt":"hi"}}'
+        claimkit submit -q requests \\
+          '{"id":"r1","deadline":1893456000,"payload":{"prompt":"hi"}}'
+
+        claimkit submit -q requests -f requests.jsonl
     """
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if request is not None and file is not None:
-        fail("give one JSON request or --file, not both")
+        usage_error("give one JSON request or --file, not both")
     numbered: list[tuple[int, str]]
     if request is not None:
         numbered = [(1, request)]
@@ -280,7 +318,7 @@ def sim(
             seed=seed,
         )
     except ValueError as exc:
-        fail(str(exc))
+        usage_error(str(exc))
     try:
         run_sim_forever(config)
     except OSError as exc:
@@ -389,6 +427,7 @@ def _register_operator_commands() -> None:
 
 
 _register_operator_commands()
+flow_help(app)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ stderr and exit status 1, never a traceback. Passwords in Redis URLs are never p
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -32,7 +33,9 @@ T = TypeVar("T")
 TransportConfig = Annotated[
     str | None,
     typer.Option(
-        "--transport-config", help="The transport JSON inline (SPEC §6).", show_default=False
+        "--transport-config",
+        help="The transport JSON inline (docs/configuration.md).",
+        show_default=False,
     ),
 ]
 TransportConfigFile = Annotated[
@@ -53,11 +56,28 @@ RedisUrl = Annotated[
 QueueName = Annotated[str, typer.Option("--queue", "-q", help="The queue (pending ZSET) name.")]
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
+EXIT_OK = 0
+"""Done as asked (also when there was nothing to do: an empty list, no expired claim)."""
+EXIT_FAILED = 1
+"""Not done, or not all of it: Redis unreachable or refusing, a key of the wrong type, the
+configuration refused, a named request not found, a member refused (docs/cli.md)."""
+EXIT_USAGE = 2
+"""The command line is wrong: typer's own parse errors and the checks of option values and
+combinations made before any configuration or Redis is read. Nothing was done."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (SIGINT) stopped a command that changes state; finished batches stay done."""
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     """Print ``claimkit: <message>`` on stderr and exit with ``code``."""
     sys.stderr.write(f"claimkit: {redact_url(message)}\n")
     sys.stderr.flush()
     raise typer.Exit(code)
+
+
+def usage_error(message: str) -> NoReturn:
+    """:func:`fail` with :data:`EXIT_USAGE`: the command line itself is wrong."""
+    fail(message, EXIT_USAGE)
 
 
 def config_from(
@@ -69,6 +89,8 @@ def config_from(
     **flags: Any,
 ) -> Config:
     """Load the config or exit with one line."""
+    if transport_config is not None and transport_config_file is not None:
+        usage_error("--transport-config and --transport-config-file are mutually exclusive")
     try:
         config = load_config(
             inline=transport_config,
@@ -152,3 +174,28 @@ def _auth_hint(message: str) -> str:
     if "WRONGPASS" in message or "invalid username-password pair" in message:
         return "refused the URL's user name or password"
     return "answered with an error"
+
+
+def _verbatim_blocks(text: str) -> str:
+    """``text`` with each paragraph that holds an indented line (an example) marked with
+    click's ``\\b``, so it is printed as written while prose paragraphs flow."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    marked = [
+        f"\b\n{p}" if any(line.startswith("    ") for line in p.splitlines()) else p
+        for p in paragraphs
+    ]
+    return "\n\n".join(marked)
+
+
+def flow_help(app: typer.Typer) -> None:
+    """Prepare the help of every command of ``app`` and of its sub-apps: docstrings are
+    wrapped at 88-100 columns in the source, and click re-flows their prose paragraphs to
+    the terminal; an example (an indented block) is kept verbatim, so it can be pasted.
+    Call once, after every command is registered."""
+    for info in app.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if doc:
+            info.help = _verbatim_blocks(doc)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            flow_help(group.typer_instance)

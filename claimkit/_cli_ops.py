@@ -5,7 +5,8 @@ They share serve's configuration (SPEC §6: ``--transport-config``/``-file``,
 ``--redis-url``, ``$REDIS_URL``). A queue named with ``--queue`` must be one of the
 configured queues when the config lists queues; with only a Redis URL any name is
 accepted, and a key of the wrong Redis type is one error line. Every error is one line on
-stderr and exit status 1 (:func:`claimkit._cli_common.run`); passwords are never printed.
+stderr: exit status 1 when the work could not be done (:func:`claimkit._cli_common.run`),
+2 for a usage error (docs/cli.md, "Exit status"); passwords are never printed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -21,12 +23,21 @@ import trio
 import typer
 
 from . import _keys
-from ._cli_common import RedisUrl, TransportConfig, TransportConfigFile, config_from, fail, run
+from ._cli_common import (
+    EXIT_INTERRUPTED,
+    RedisUrl,
+    TransportConfig,
+    TransportConfigFile,
+    config_from,
+    fail,
+    run,
+    usage_error,
+)
 from ._config import Config, ConfigError, QueueConfig
 from ._store import StoreUnavailable, open_store
 
 if TYPE_CHECKING:
-    from ._console import Console
+    from ._console import Console, RenderableType
     from ._drain import DrainReport
     from ._inspect import QueueSnapshot
     from ._store import Store
@@ -92,9 +103,9 @@ def _target(
     redis_url: str | None,
 ) -> _Target:
     """Load the config and resolve ``--queue`` against it, or exit with one line."""
-    config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if not queue:
-        fail("--queue must not be empty")
+        usage_error("--queue must not be empty")
+    config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if not config.queues:
         return _Target(config, queue, None)
     try:
@@ -117,6 +128,9 @@ def _run_until_interrupt(fn: Callable[[], Awaitable[T]], *, url: str) -> T | Non
         return None
 
 
+_INTERRUPTED = "interrupted; batches already done stay done, run it again to finish"
+
+
 def _run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
     """:func:`run`, where Ctrl-C ends the command with one line and exit status 130.
 
@@ -126,12 +140,12 @@ def _run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
     try:
         return run(fn, url=url)
     except KeyboardInterrupt:
-        fail("interrupted; batches already done stay done, run it again to finish", 130)
+        fail(_INTERRUPTED, EXIT_INTERRUPTED)
     except BaseExceptionGroup as group:
         _, rest = group.split(KeyboardInterrupt)
         if rest is not None:
             raise
-        fail("interrupted; batches already done stay done, run it again to finish", 130)
+        fail(_INTERRUPTED, EXIT_INTERRUPTED)
 
 
 def _print_json(doc: Any) -> None:
@@ -151,6 +165,11 @@ def _console() -> Console:
 # -- inspect ---------------------------------------------------------------------------------
 
 
+WATCH_STALE_AFTER = 2.0
+"""Seconds a read of ``inspect --watch`` may go unanswered before the view on screen is
+marked STALE (a read takes milliseconds; the store gives up on a reply only after 10 s)."""
+
+
 async def watch_queue(
     store: Store,
     queue: str,
@@ -162,37 +181,97 @@ async def watch_queue(
     limit: int,
     interval: float,
     refreshes: int | None = None,
+    stale_after: float = WATCH_STALE_AFTER,
+    clock: Callable[[], float] = time.time,
 ) -> None:
-    """Redraw the ``inspect`` view every ``interval`` seconds until cancelled or Ctrl-C
-    (or ``refreshes`` views, for tests). While Redis cannot be reached the view says so
-    and keeps trying; a key of the wrong type ends the watch (``WrongKeyType``).
+    """Redraw the ``inspect`` view until cancelled or Ctrl-C (or ``refreshes`` reads, for
+    tests): a read every ``interval`` seconds, a redraw at least every second.
+
+    The view's first line says when it was read (``read 12:00:01Z, 3.0s ago``, UTC). When
+    a read goes unanswered for ``stale_after`` seconds (a frozen Redis) or Redis cannot
+    be reached, the last view stays on screen under a ``STALE:`` line saying since when
+    and why, and the reads go on; the line goes once Redis answers. A key of the wrong
+    type ends the watch (``WrongKeyType``). ``clock`` gives Unix seconds (tests).
 
     Cancellation: the normal way out; the last view stays on screen.
     """
-    from ._console import error_view, live_view, snapshot_view
+    from ._console import error_view, format_clock, live_view, snapshot_view, watch_status
     from ._inspect import check_key_types, snapshot
 
     first_seen: dict[tuple[str, str], float] = {}
-    drawn = 0
+    last: RenderableType | None = None  # the last view read
+    read_at = 0.0  # when it was read (clock)
+    asking_since: float | None = None  # a read is in flight since then
+    trouble_since: float | None = None  # reads unanswered or failing since then
+    failure: str | None = None  # why the last read failed
+    reads = 0
+
     with live_view(console) as update:
-        while True:
-            try:
-                await check_key_types(store, key_types)
-                snap = await snapshot(
-                    store,
-                    queue,
-                    result_lists=result_lists,
-                    retry_set=retry_set,
-                    limit=limit,
-                    first_seen=first_seen,
-                )
-                update(snapshot_view(snap, url=store.url))
-            except StoreUnavailable as exc:
-                update(error_view(f"Redis at {store.url} is unavailable: {exc}; retrying"))
-            drawn += 1
-            if refreshes is not None and drawn >= refreshes:
+
+        def draw() -> None:
+            now = clock()
+            hung = asking_since is not None and now - asking_since > stale_after
+            since = trouble_since if trouble_since is not None else asking_since
+            if last is None:
+                if failure is not None:
+                    update(error_view(f"Redis at {store.url} is unavailable: {failure}; retrying"))
+                elif hung and since is not None:
+                    update(
+                        error_view(
+                            f"Redis at {store.url} not answering since {format_clock(since)}; "
+                            "waiting"
+                        )
+                    )
                 return
-            await trio.sleep(interval)
+            if failure is not None and since is not None:
+                why = f"unavailable since {format_clock(since)}: {failure}"
+            elif hung and since is not None:
+                why = f"not answering since {format_clock(since)}"
+            else:
+                update(watch_status(last, read_at=read_at, now=now))
+                return
+            stale = f"Redis at {store.url} {why}"
+            update(watch_status(last, read_at=read_at, now=now, stale=stale))
+
+        async def read_forever(cancel_scope: trio.CancelScope) -> None:
+            nonlocal last, read_at, asking_since, trouble_since, failure, reads
+            while True:
+                asking_since = clock()
+                try:
+                    await check_key_types(store, key_types)
+                    snap = await snapshot(
+                        store,
+                        queue,
+                        result_lists=result_lists,
+                        retry_set=retry_set,
+                        limit=limit,
+                        first_seen=first_seen,
+                    )
+                except StoreUnavailable as exc:
+                    if trouble_since is None:
+                        trouble_since = asking_since
+                    failure = str(exc)
+                else:
+                    last, read_at = snapshot_view(snap, url=store.url), clock()
+                    trouble_since = failure = None
+                asking_since = None
+                reads += 1
+                draw()
+                if refreshes is not None and reads >= refreshes:
+                    cancel_scope.cancel()
+                    return
+                await trio.sleep(interval)
+
+        async def redraw_forever() -> None:
+            # A hung read must not freeze the screen: "3.0s ago" keeps counting and an
+            # overdue read turns the view STALE while the read itself still waits.
+            while True:
+                await trio.sleep(min(interval, 1.0))
+                draw()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_forever, nursery.cancel_scope)
+            nursery.start_soon(redraw_forever)
 
 
 def inspect_queue(
@@ -209,7 +288,7 @@ def inspect_queue(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Show a queue's state without changing it (SPEC §1, §8).
+    """Show a queue's state without changing it.
 
     Counts (pending, claimed, orphans: claims without a lease entry, expired, retrying,
     dead, results), the oldest pending
@@ -218,13 +297,16 @@ def inspect_queue(
     been held (exact for claimkit's tokens, which carry their claim time; with --watch a
     lower bound for others). Expired leases are red: any reclaimer may redeliver them.
     Reads only the queue's own keys, the retry set and the result list; never KEYS or SCAN.
+    With --watch the header says when the view was read; while Redis does not answer, the
+    last view stays with a STALE line saying since when, and the watch keeps retrying.
+    The keys: docs/protocol.md.
 
     Example:
 
-        claimkit inspect --redis-url redis://127.0.0.1:6379/0 --queue requests --watch
+        claimkit inspect --redis-url redis://127.0.0.1:6379/0 -q requests --watch
     """
     if watch and json_out:
-        fail("--watch and --json cannot be combined: --json prints one document")
+        usage_error("--watch and --json cannot be combined: --json prints one document")
     target = _target(queue, transport_config, transport_config_file, redis_url)
     config = target.config
     from ._inspect import check_key_types, snapshot
@@ -293,7 +375,7 @@ def drain(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Hand every claim of a queue back to pending at its original score (SPEC §3.6).
+    """Hand every claim of a queue back to pending at its original score.
 
     Each claim is released fenced by the owner token and lease expiry read just before, in
     batches: a claim acked, reclaimed or renewed meanwhile is left alone and counted. Safe
@@ -305,10 +387,11 @@ def drain(
 
     Example:
 
-        claimkit drain --redis-url redis://127.0.0.1:6379/0 --queue requests --release-all
+        claimkit drain --redis-url redis://127.0.0.1:6379/0 -q requests \\
+          --release-all --dry-run
     """
     if not release_all:
-        fail("drain needs --release-all (add --dry-run to preview what would be released)")
+        usage_error("drain needs --release-all (add --dry-run to preview what would be released)")
     target = _target(queue, transport_config, transport_config_file, redis_url)
     config = target.config
     from ._console import claims_table, progress_bar
@@ -363,22 +446,22 @@ def reclaim(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Redeliver every expired claim of every configured queue, once (SPEC §3.7).
+    """Redeliver every expired claim of every configured queue, once.
 
     Each expired claim goes back to pending at its original score with its delivery count
     raised; one that reaches max_deliveries is dead-lettered with a MAX_DELIVERIES_EXCEEDED
     record. Passes repeat until no expired claim is left. Claims without a lease entry
     (evicted or partly restored) count as expired and are reported on stderr. Meant for
     cron: prints one summary line (or --json), exit status 0; on a Redis or config error
-    one line and 1.
-    Needs no running consumer.
+    one line and 1. Needs no running consumer. The rules: docs/protocol.md.
 
     Example:
 
-        claimkit reclaim --once --transport-config-file /etc/claimkit/transport.json
+        claimkit reclaim --once \\
+          --transport-config-file /etc/claimkit/transport.json
     """
     if not once:
-        fail("reclaim needs --once (serve runs the reclaimer continuously)")
+        usage_error("reclaim needs --once (serve runs the reclaimer continuously)")
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if not config.queues:
         fail(
@@ -447,8 +530,9 @@ def reclaim(
 
 dead_app = typer.Typer(
     name="dead",
-    help="List, requeue or purge a queue's dead letters (<queue>:dead, SPEC §1).",
+    help="List, requeue or purge a queue's dead letters (<queue>:dead, docs/protocol.md).",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 
@@ -461,8 +545,13 @@ def dead_list(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """List dead letters, oldest first: id, when it died, its deadline, its size, and
-    why it cannot be requeued when the consumer would dead-letter it again.
+    """List dead letters, oldest first: id, when it died, its deadline, and why it died.
+
+    The cause is "invalid" (the consumer could not serve it; the reason names the bad
+    field) or "max deliveries" (its lease expired max_deliveries times without an ack).
+    It is found from the member's bytes by the consumer's own checks; an invalid member
+    cannot be requeued ("cannot_requeue" in --json). The table fits the terminal (80
+    columns too) and cuts long reasons short; --json has them in full ("reason").
 
     With --json each entry carries the exact member: "member" is its text when the bytes
     are valid UTF-8, else null with "member_base64" holding the bytes. The JSON is strict:
@@ -484,15 +573,32 @@ def dead_list(
             return total, letters, int(secs) + int(micros) / 1_000_000
 
     total, letters, now = _run(go, url=target.config.url)
+    config = target.config
+    queues = [q.queue_name for q in config.queues] or [queue]
+    reserved = _keys.reserved_keys(queues, config.retry_queue_name)
+    causes = [
+        d.cause_of_death(
+            max_deliveries=config.max_deliveries,
+            reserved=reserved,
+            result_list_configured=bool(
+                target.queue_config and target.queue_config.result_queue_name
+            ),
+        )
+        for d in letters
+    ]
     if json_out:
-        _print_json({"queue": queue, "total": total, "dead": [d.to_json() for d in letters]})
+        dead = [d.to_json(cause) for d, cause in zip(letters, causes, strict=True)]
+        _print_json({"queue": queue, "total": total, "dead": dead})
         return
     if not letters:
         typer.echo(f"{queue}:dead is empty")
         return
     from ._console import dead_table
 
-    _console().print(dead_table(letters, now=now, total=total, queue=queue))
+    console = _console()
+    console.print(
+        dead_table(letters, causes, now=now, total=total, queue=queue, width=console.width)
+    )
 
 
 @dead_app.command("requeue")
@@ -526,10 +632,11 @@ def dead_requeue(
 
     Example:
 
-        claimkit dead requeue --redis-url redis://127.0.0.1:6379/0 --queue requests r1 r2
+        claimkit dead requeue --redis-url redis://127.0.0.1:6379/0 \\
+          -q requests r1 r2
     """
     if bool(ids) == all_:
-        fail("name the ids to requeue or pass --all (not both)")
+        usage_error("name the ids to requeue or pass --all (not both)")
     target = _target(queue, transport_config, transport_config_file, redis_url)
     from ._dead import RequeueReport, requeue_dead
     from ._inspect import check_key_types
@@ -599,10 +706,11 @@ def dead_purge(
 
     Example:
 
-        claimkit dead purge --redis-url redis://127.0.0.1:6379/0 -q requests --older-than 604800
+        claimkit dead purge --redis-url redis://127.0.0.1:6379/0 \\
+          -q requests --older-than 604800
     """
     if sum((bool(ids), all_, older_than is not None)) != 1:
-        fail("say what to purge: ids, --all or --older-than SECONDS (exactly one)")
+        usage_error("say what to purge: ids, --all or --older-than SECONDS (exactly one)")
     target = _target(queue, transport_config, transport_config_file, redis_url)
     from ._dead import PurgeReport, purge_dead
     from ._inspect import check_key_types
@@ -772,25 +880,33 @@ def results(
         str | None,
         typer.Option(
             "--list",
+            metavar="LIST",
             help="The result list (default: result_queue_name from the config, else result-list).",
             show_default=False,
         ),
     ] = None,
+    pop: Annotated[
+        bool,
+        typer.Option(
+            "--pop", help="Remove each record printed (RPOP); without it nothing is removed."
+        ),
+    ] = False,
     follow: Annotated[
         bool,
         typer.Option(
             "--follow",
-            "-f",
-            help="Keep waiting for records until Ctrl-C; rides out a Redis restart.",
+            help="With --pop: keep popping new records until Ctrl-C; rides out a Redis restart.",
         ),
     ] = False,
     peek: Annotated[
-        bool, typer.Option("--peek", help="Read without removing (not with --follow).")
+        bool,
+        typer.Option("--peek", help="Read without removing: the default, accepted for scripts."),
     ] = False,
     count: Annotated[
         int | None,
         typer.Option(
             min=1,
+            metavar="N",
             help="At most this many records (default 100; with --follow: no limit).",
             show_default=False,
         ),
@@ -802,24 +918,39 @@ def results(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Read terminal records (SPEC §2.3), oldest first, removing them (RPOP) unless --peek.
+    """Print terminal records, oldest first, without removing them (unless --pop).
 
     Each line: id, status code or error code, body or error message (--json: the record
-    exactly as stored). --follow blocks for new records until Ctrl-C (or --count
-    records) and rides out a Redis restart: one line on stderr, retries with backoff,
-    carries on when Redis is back. A record it pops is never lost: it is moved to a
-    holding list of its own (<list>:following:<hex>) and removed from there once printed.
+    exactly as stored, docs/protocol.md). By default the oldest --count records are read
+    with LRANGE and stay in the list. --pop removes each record it prints (RPOP): a
+    producer that reads its results this way gets each record once.
 
-    Example:
+    --follow --pop blocks for new records until Ctrl-C (or --count records), removing
+    each one it prints, and rides out a Redis restart: one line on stderr, retries with
+    backoff, carries on when Redis is back. A record it pops is never lost: it is moved
+    to a holding list of its own (<list>:following:<hex>) and removed from there once
+    printed. --follow without --pop is refused: there is no following without removing.
 
-        claimkit results --redis-url redis://127.0.0.1:6379/0 --list result-list --follow --json
+    Examples:
+
+        claimkit results --redis-url redis://127.0.0.1:6379/0 --count 10
+
+        claimkit results --redis-url redis://127.0.0.1:6379/0 \\
+          --follow --pop --json
     """
-    if follow and peek:
-        fail("--peek cannot be combined with --follow: a list cannot be tailed without popping")
+    if peek and pop:
+        usage_error("--peek and --pop cannot be combined: --peek reads without removing")
+    if follow and not pop:
+        usage_error(
+            "--follow removes each record it prints: pass --follow --pop "
+            "(without --pop, results only reads)"
+        )
+    if list_name is not None and not list_name:
+        usage_error("--list must not be empty")
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     name = list_name or config.result_queue_name
     if not name:
-        fail("--list must not be empty")
+        fail("the configuration's result_queue_name is empty: name the list with --list")
     from ._inspect import check_key_types
 
     def emit(raw: bytes) -> None:
@@ -830,10 +961,10 @@ def results(
         async with open_store(config.url) as store:
             await check_key_types(store, {name: "list"})
             n = count or 100
-            if peek:
-                raw = list(reversed(await store.command("LRANGE", name, -n, -1)))
-            else:
+            if pop:
                 raw = await store.command("RPOP", name, n) or []
+            else:
+                raw = list(reversed(await store.command("LRANGE", name, -n, -1)))
             for item in raw:
                 emit(item)
             return len(raw)
@@ -862,13 +993,14 @@ def cancel(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Cancel requests (SPEC §2.2): set request-cancel:<id> to the live generation's token.
+    """Cancel requests: set request-cancel:<id> to the live generation's token.
 
     A consumer ends a cancelled request with one CANCELLED record when it claims it; a
     request already being run is not interrupted. An id with no live generation (unknown,
     finished - its terminal record was pushed - or past its deadline) is reported and left
-    alone. Ids are handled in order; a cancel key of another Redis type stops the run with
-    one error line naming the key (exit status 1), after the lines of the ids before it.
+    alone, and the command then exits 1 naming it (every other id is still cancelled).
+    Ids are handled in order; a cancel key of another Redis type stops the run with one
+    error line naming the key (exit status 1), after the lines of the ids before it.
 
     Example:
 
@@ -893,9 +1025,12 @@ def cancel(
         if cancelled:
             typer.echo(f"{rid}: cancelled")
         else:
-            typer.echo(f"{rid}: not active (unknown, finished or expired); nothing to cancel")
+            typer.echo(f"{rid}: not active (unknown, finished or expired); not cancelled")
     if refused is not None:
         fail(str(refused))
+    inactive = [rid for rid, cancelled in zip(ids, outcomes, strict=True) if not cancelled]
+    if inactive:
+        fail("no live request to cancel for " + ", ".join(map(repr, dict.fromkeys(inactive))))
 
 
 def register(app: typer.Typer) -> None:

@@ -22,14 +22,16 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from ._dead import DeadLetter
+    from ._dead import DeadLetter, DeathCause
     from ._inspect import ClaimRow, QueueSnapshot
 
 __all__ = [
     "Console",
+    "RenderableType",
     "claims_table",
     "dead_table",
     "error_view",
+    "format_clock",
     "format_duration",
     "format_time",
     "live_view",
@@ -37,6 +39,7 @@ __all__ = [
     "progress_bar",
     "short_token",
     "snapshot_view",
+    "watch_status",
 ]
 
 SHORT_TOKEN = 8
@@ -120,14 +123,15 @@ def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = No
     Expired leases are shown in bold red; ghost entries (no owner or payload) dimmed.
     """
     table = Table(title=title, title_justify="left", expand=False)
+    # Only the id folds: on 80 columns every other cell stays on one line.
     table.add_column("id", overflow="fold")
-    table.add_column("owner")
-    table.add_column("lease left", justify="right")
-    table.add_column("deliveries", justify="right")
+    table.add_column("owner", no_wrap=True)
+    table.add_column("lease left", justify="right", no_wrap=True)
+    table.add_column("deliveries", justify="right", no_wrap=True)
     tracked = any(row.held_seconds is not None for row in rows)
     if tracked:
-        table.add_column("held", justify="right")
-    table.add_column("deadline")
+        table.add_column("held", justify="right", no_wrap=True)
+    table.add_column("deadline", no_wrap=True)
     for row in rows:
         if row.expired:
             lease = Text(f"expired {format_duration(row.lease_left)} ago", style="bold red")
@@ -139,7 +143,9 @@ def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = No
             held = ("" if row.held_exact else "≥") + format_duration(row.held_seconds)
         style = "dim" if row.ghost else ("red" if row.expired else "")
         owner = short_token(row.owner) + (" (ghost)" if row.ghost else "")
-        cells: list[str | Text] = [row.id, owner, lease, str(row.deliveries)]
+        # Text, not str: a str cell is read as rich markup, and an id like "a[b]" would lose
+        # its brackets.
+        cells: list[str | Text] = [Text(row.id), Text(owner), lease, str(row.deliveries)]
         if tracked:
             cells.append(held)
         cells.append("-" if row.score is None else _relative(row.score, now))
@@ -199,37 +205,79 @@ def snapshot_view(snap: QueueSnapshot, *, url: str) -> RenderableType:
     return Group(*parts)
 
 
+def format_clock(ts: float) -> str:
+    """Unix seconds -> the time of day, ``12:00:01Z`` (UTC, whole seconds); never raises."""
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return format_time(ts)
+
+
+def watch_status(
+    view: RenderableType, *, read_at: float, now: float, stale: str | None = None
+) -> RenderableType:
+    """``view`` under a line saying when it was read (``read 12:00:01Z, 3.0s ago``), and,
+    when ``stale`` says why the view is old, a bold ``STALE: <why>; ...`` line above it.
+    Times are Unix seconds (the watcher's clock)."""
+    read = f"read {format_clock(read_at)}, {format_duration(now - read_at)} ago"
+    if stale is None:
+        return Group(Text(read, style="dim"), view)
+    line = Text(f"STALE: {stale}; retrying. Below: the view {read}", style="bold red")
+    return Group(line, view)
+
+
 def error_view(message: str) -> RenderableType:
     """What the live view shows while Redis cannot be read."""
     return Text(message, style="bold red")
 
 
-def dead_table(letters: Sequence[DeadLetter], *, now: float, total: int, queue: str) -> Table:
-    """The ``dead list`` table: id, when it died, its deadline, its size, and why it cannot
-    be requeued (the consumer's own reason, :attr:`DeadLetter.problem`) when it cannot."""
-    table = Table(
-        title=f"{queue}:dead ({len(letters)} of {total}, oldest first)",
-        title_justify="left",
+_CAUSE_LABEL = {"invalid": "invalid", "max_deliveries": "max deliveries"}
+_ID_WIDTH = 20
+"""The widest the ``dead list`` id column gets; a longer id folds onto a second line."""
+_WHY_MIN_WIDTH = 20
+
+
+def dead_table(
+    letters: Sequence[DeadLetter],
+    causes: Sequence[DeathCause],
+    *,
+    now: float,
+    total: int,
+    queue: str,
+    width: int = 80,
+) -> Table:
+    """The ``dead list`` table, made to fit 80 columns: id, when it died and its deadline
+    (relative to ``now``, the server clock; exact in ``--json``), and why it died: the
+    cause and the reason on one line, cut short with ``…`` when it does not fit (the full
+    text is in ``--json``). A member the consumer would dead-letter again (it cannot be
+    requeued) is yellow. ``width``: the columns to fit in."""
+    ids = [d.id or "? (unreadable)" for d in letters]
+    died = [_relative(d.dead_at, now) for d in letters]
+    deadlines = [
+        "unreadable" if d.deadline is None else _relative(d.deadline, now) for d in letters
+    ]
+    id_width = min(_ID_WIDTH, max(map(len, ["id", *ids])))
+    # Four columns: five rules and a space either side of each cell.
+    rest = sum(
+        max(map(len, [head, *cells])) for head, cells in (("died", died), ("deadline", deadlines))
     )
-    table.add_column("id", overflow="fold")
-    table.add_column("dead since")
-    table.add_column("deadline")
-    table.add_column("bytes", justify="right")
-    table.add_column("requeue", overflow="fold")
-    for d in letters:
-        deadline = (
-            Text(format_time(d.deadline))
-            if d.deadline is not None
-            else Text("unreadable", style="yellow")
-        )
-        problem = d.problem
-        table.add_row(
-            d.id or Text("? (unreadable)", style="yellow"),
-            f"{format_time(d.dead_at)} ({_relative(d.dead_at, now)})",
-            deadline,
-            str(len(d.member)),
-            Text("ok") if problem is None else Text(f"cannot requeue: {problem}", style="yellow"),
-        )
+    why_width = max(_WHY_MIN_WIDTH, width - 13 - id_width - rest)
+    table = Table(
+        title=Text(f"{queue}:dead ({len(letters)} of {total}, oldest first; full reasons: --json)"),
+        title_justify="left",
+        expand=False,
+    )
+    table.add_column("id", overflow="fold", width=id_width)
+    table.add_column("died", no_wrap=True)
+    table.add_column("deadline", no_wrap=True)
+    table.add_column("why", no_wrap=True, overflow="ellipsis", max_width=why_width)
+    for d, cause, rid, dead_at, when in zip(letters, causes, ids, died, deadlines, strict=True):
+        deadline = Text(when, style="yellow" if d.deadline is None else "")
+        why = Text(f"{_CAUSE_LABEL.get(cause.cause, cause.cause)}: ", style="bold")
+        why.append(cause.reason.removeprefix("Failed: "))
+        if d.problem is not None:
+            why.stylize("yellow")
+        table.add_row(Text(rid, style="" if d.id else "yellow"), dead_at, deadline, why)
     return table
 
 
@@ -267,7 +315,7 @@ def progress_bar(
         yield (lambda _n: None), (lambda _k: None)
         return
     progress = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # a queue name may hold "[...]"
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

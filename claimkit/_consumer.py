@@ -91,7 +91,13 @@ class Summary:
     duplicates_suppressed: int = 0
     redelivered: int = 0
     dead_lettered: int = 0
-    lost_claims: int = 0
+    taken_over: int = 0
+    """Claims a heartbeat found held by another owner (the lease had lapsed and another
+    consumer claimed the request): their work here is cancelled; the request is not lost."""
+    released_elsewhere: int = 0
+    """Claims a heartbeat found no longer claimed: handed back to pending by someone else
+    (``claimkit drain``, or a reclaimer after the lease lapsed) or finished by another
+    owner. Their work here is cancelled; the request is not lost."""
     left_to_lapse: int = 0
     """Claims this process gave up on without releasing them: an ack or park Redis refused
     (dropped from the registry then), and claims still held at exit (the sweep could not
@@ -102,7 +108,8 @@ class Summary:
             f"claimkit: claimed={self.claimed} acked={self.acked} retried={self.retried} "
             f"released={self.released} duplicates_suppressed={self.duplicates_suppressed} "
             f"redelivered={self.redelivered} dead_lettered={self.dead_lettered} "
-            f"lost_claims={self.lost_claims} left_to_lapse={self.left_to_lapse}"
+            f"taken_over={self.taken_over} released_elsewhere={self.released_elsewhere} "
+            f"left_to_lapse={self.left_to_lapse}"
         )
 
 
@@ -601,7 +608,7 @@ class Consumer:
             if stale is not None:
                 # Our earlier claim on this id was handed back (drain) and we won it again:
                 # the earlier task's result would be a duplicate, like a stolen claim's.
-                self._drop_lost(q, stale, "released")
+                self._drop_lost(q, stale, taken_over=False)
             q.held[env.id] = held
             batch.append((held, slots.pop()))
         claimed = len(batch)
@@ -897,18 +904,23 @@ class Consumer:
             if code == 1 or q.held.get(h.env.id) is not h:
                 continue
             # Taken by another owner (-1) or gone (0): the work would produce a duplicate.
-            self._drop_lost(q, h, "taken" if code == -1 else "gone")
+            self._drop_lost(q, h, taken_over=code == -1)
         q.metrics.claim_depth.set(len(q.held))
 
-    def _drop_lost(self, q: QueueRuntime, h: _Held, how: str) -> None:
+    def _drop_lost(self, q: QueueRuntime, h: _Held, *, taken_over: bool) -> None:
         """Forget a claim that is no longer ours and cancel its work (SPEC §3.3)."""
         h.lost = True
         if q.held.get(h.env.id) is h:
             del q.held[h.env.id]
-        self.summary.lost_claims += 1
+        if taken_over:
+            self.summary.taken_over += 1
+            how = "taken over by another owner after its lease lapsed"
+        else:
+            self.summary.released_elsewhere += 1
+            how = "released elsewhere (by drain, or a reclaimer after its lease lapsed)"
         if h.scope is not None:
             h.scope.cancel()
-        log.warning("claim on %s in %s was %s; its work is cancelled", h.env.id, q.name, how)
+        log.warning("claim on %s in %s was %s; its work here is cancelled", h.env.id, q.name, how)
 
     async def _reclaimer(self) -> None:
         interval = self.config.claim_reclaim_interval_ms / 1000
@@ -931,7 +943,7 @@ class Consumer:
                     )
                 if counts.redelivered or counts.dead:
                     log.info(
-                        "reclaim %s: redelivered=%d dead=%d ghosts=%d",
+                        "reclaim %s: redelivered=%d dead_lettered=%d ghosts=%d",
                         q.name,
                         counts.redelivered,
                         counts.dead,

@@ -1,8 +1,9 @@
 """Dead letters of a queue (``<q>:dead``, SPEC §1): list, requeue, purge (``claimkit dead``).
 
-A member lands in ``<q>:dead`` when it cannot be parsed (SPEC §3.1) or was redelivered
-``max_deliveries`` times (SPEC §3.7); its score is the server time it died. The member
-bytes are kept, so a dead letter can be put back exactly as the producer wrote it.
+A member lands in ``<q>:dead`` when it cannot be parsed (SPEC §3.1) or its lease expired
+``max_deliveries`` times without an ack (SPEC §3.7); its score is the server time it died.
+The member bytes are kept, so a dead letter can be put back exactly as the producer wrote
+it, and the cause of its death found again (:meth:`DeadLetter.cause_of_death`).
 
 Requeue moves only members the consumer would accept (:func:`~claimkit._models.parse_member`
 returns an :class:`~claimkit._models.Envelope`); any other is refused with the consumer's
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _keys
 from ._inspect import json_float, with_scores
-from ._models import Invalid, parse_member
+from ._models import Invalid, max_deliveries_message, parse_member
 from ._protocol import CHUNK
 from ._scripts import script
 
@@ -30,7 +31,10 @@ if TYPE_CHECKING:
     from ._store import Arg, Store
 
 __all__ = [
+    "CAUSE_INVALID",
+    "CAUSE_MAX_DELIVERIES",
     "DeadLetter",
+    "DeathCause",
     "PurgeReport",
     "Refusal",
     "RequeueReport",
@@ -39,6 +43,24 @@ __all__ = [
     "purge_dead",
     "requeue_dead",
 ]
+
+CAUSE_INVALID = "invalid"
+"""Dead-lettered when the consumer peeked it: it cannot be served (its record is
+``INVALID_REQUEST``)."""
+
+CAUSE_MAX_DELIVERIES = "max_deliveries"
+"""Dead-lettered by a reclaimer: its lease expired ``max_deliveries`` times without an ack
+(its record is ``MAX_DELIVERIES_EXCEEDED``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeathCause:
+    """Why a member is in ``<q>:dead``: :data:`CAUSE_INVALID` or
+    :data:`CAUSE_MAX_DELIVERIES`, and the reason: the ``error_message`` of the terminal
+    record it got when it died (``INVALID_REQUEST`` or ``MAX_DELIVERIES_EXCEEDED``)."""
+
+    cause: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,19 +115,55 @@ class DeadLetter:
             return parsed.reason.removeprefix("Failed: ")
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def cause_of_death(
+        self,
+        *,
+        max_deliveries: int,
+        reserved: frozenset[str] = frozenset(),
+        result_list_configured: bool = False,
+    ) -> DeathCause:
+        """Why this member died, found again from its bytes by the consumer's own checks.
+
+        Only two paths lead into ``<q>:dead``, and the member's bytes tell them apart:
+        the consumer dead-letters what :func:`~claimkit._models.parse_member` refuses (or
+        a request whose ``internal.result_queue_name`` names one of the ``reserved``
+        keys, unless the queue has a ``result_list_configured``), and a reclaimer
+        dead-letters a request it could claim, so one the consumer accepts. The member is
+        kept byte for byte, so nothing else needs storing. The count of lease expiries is
+        not kept (``<q>:deliveries`` drops it at death): the reason gives
+        ``max_deliveries`` of the current config, which is the count unless the config
+        changed since.
+        """
+        parsed = parse_member(self.member)
+        if isinstance(parsed, Invalid):
+            return DeathCause(CAUSE_INVALID, parsed.reason)
+        name = parsed.result_queue_name
+        if name and not result_list_configured and _keys.is_reserved(name, reserved):
+            reason = f"Failed: internal.result_queue_name names a key claimkit uses: {name!r}"
+            return DeathCause(CAUSE_INVALID, reason)
+        if max_deliveries > 0:
+            reason = max_deliveries_message(max_deliveries, max_deliveries)
+        else:
+            reason = "lease expired too many times without an ack (max_deliveries is 0 now)"
+        return DeathCause(CAUSE_MAX_DELIVERIES, reason)
+
+    def to_json(self, cause: DeathCause | None = None) -> dict[str, Any]:
         """This dead letter in ``dead list --json``: strict JSON, the member exact.
 
         ``member`` is the member text when its bytes are valid UTF-8; otherwise ``member``
         is ``None`` and ``member_base64`` holds the bytes (standard base64). Non-finite
         numbers are the strings ``"inf"``, ``"-inf"``, ``"nan"``. ``cannot_requeue`` is
-        :attr:`problem` (``None`` when it can be requeued).
+        :attr:`problem` (``None`` when it can be requeued). With ``cause``, ``cause`` and
+        ``reason`` say why it died (:meth:`cause_of_death`), the reason in full.
         """
         doc: dict[str, Any] = {
             "id": self.id,
             "dead_at": json_float(self.dead_at),
             "deadline": json_float(self.deadline),
         }
+        if cause is not None:
+            doc["cause"] = cause.cause
+            doc["reason"] = cause.reason
         try:
             doc["member"] = self.member.decode("utf-8")
         except UnicodeDecodeError:

@@ -458,13 +458,14 @@ def _summary_table(report: _Report) -> Table:
             "gateway executions",
             "?" if report.executions is None else str(report.executions),
             "",
-            f"POSTs seen; {'?' if report.ran_twice is None else report.ran_twice} ids ran twice",
+            f"POSTs seen; {'?' if report.ran_twice is None else report.ran_twice} ids ran "
+            "twice [1]",
         ),
         (
             "duplicates suppressed",
             str(b.get("duplicates_suppressed", "?")),
             "",
-            "late acks refused (B's count)",
+            "second records refused (B) [2]",
         ),
         (
             "duplicate records",
@@ -475,7 +476,12 @@ def _summary_table(report: _Report) -> Table:
         ("lost", str(report.lost), _must_be_zero(report.lost), "submitted - ids with a record"),
         ("left in Redis", left, _must_be_zero(report.left_total), "/".join(_LEFT)),
     ]
-    table = Table(title="claimkit demo", title_justify="left")
+    table = Table(
+        title="claimkit demo",
+        title_justify="left",
+        caption=Text(_notes(report)),
+        caption_justify="left",
+    )
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("check")
@@ -483,6 +489,28 @@ def _summary_table(report: _Report) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _notes(report: _Report) -> str:
+    """Why "ids ran twice" and "duplicates suppressed 0" are both true (docs/demo.md)."""
+    twice = "?" if report.ran_twice is None else str(report.ran_twice)
+    suppressed = report.summary_b.get("duplicates_suppressed", "?")
+    if report.ran_twice == 0:
+        first = (
+            "[1] No id ran twice: A had sent none of the requests it held when it died, so "
+            "B's runs of them were their first.\n"
+        )
+    else:
+        first = (
+            f"[1] {twice} ids ran twice: A was killed with their requests in flight (sent, "
+            "not yet acked); once their leases lapsed B ran them again. Execution is "
+            "at-least-once.\n"
+        )
+    return first + (
+        f"[2] Records are still one per id, and duplicates suppressed is {suppressed}: A died "
+        "before it could push a record, so there was no second record to refuse. Only a "
+        "late ack by a claim's earlier owner is suppressed."
+    )
 
 
 def _verdict(report: _Report) -> Text:

@@ -153,6 +153,15 @@ class Invalid:
     result_queue_name: str | None = None
 
 
+def max_deliveries_message(expiries: int, max_deliveries: int) -> str:
+    """The ``error_message`` of a ``MAX_DELIVERIES_EXCEEDED`` record: how many times the
+    request's lease expired without an ack (``<q>:deliveries``, counted by the reclaimer)
+    and the limit that made it a dead letter. ``lua/reclaim-6.lua`` builds the same text
+    (a test checks that the two agree)."""
+    times = "time" if expiries == 1 else "times"
+    return f"lease expired {expiries} {times} without an ack (max_deliveries={max_deliveries})"
+
+
 def _salvage(raw: bytes) -> tuple[str | None, str, str | None]:
     """Best effort id, request token and result list of a member that failed validation."""
     try:

@@ -123,8 +123,12 @@ for k, id in ipairs(expired) do
         end
       end
       if result_key == '' then result_key = ARGV[4] end
-      -- SPEC §2.3's wording; n counts lease expiries (<q>:deliveries, §1).
-      local message = 'request was redelivered ' .. n .. ' times after its owner died'
+      -- n counts lease expiries without an ack (<q>:deliveries). The same text as
+      -- claimkit._models.max_deliveries_message (a test compares them).
+      local times = 'times'
+      if n == 1 then times = 'time' end
+      local message = 'lease expired ' .. n .. ' ' .. times
+        .. ' without an ack (max_deliveries=' .. max_deliveries .. ')'
       local record = '{"id":' .. cjson.encode(id)
         .. ',"payload":' .. cjson.encode(cjson.encode({ error = message }))
         .. ',"error_code":"MAX_DELIVERIES_EXCEEDED","error_message":' .. cjson.encode(message) .. '}'

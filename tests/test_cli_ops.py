@@ -24,8 +24,9 @@ from typer.testing import CliRunner, Result
 from claimkit._cli import app
 from claimkit._cli_ops import watch_queue
 from claimkit._inspect import queue_key_types
+from claimkit._models import Invalid, parse_member
 from claimkit._producer import Producer
-from claimkit._protocol import new_token
+from claimkit._protocol import QueueOps, new_token
 from claimkit._store import Arg, Store, open_store
 
 T = TypeVar("T")
@@ -50,9 +51,10 @@ def invoke(args: Sequence[str], url: str | None = None) -> Result:
     return runner.invoke(app, list(args), env={"REDIS_URL": url, "COLUMNS": "200"})
 
 
-def one_line_error(result: Result, text: str | None = None) -> str:
-    """Assert ``result`` failed with exactly one ``claimkit: ...`` line and no traceback."""
-    assert result.exit_code == 1, (result.exit_code, result.output)
+def one_line_error(result: Result, text: str | None = None, code: int = 1) -> str:
+    """Assert ``result`` failed with exit status ``code`` (1: not done; 2: a usage error),
+    exactly one ``claimkit: ...`` line and no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.output)
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
@@ -313,10 +315,70 @@ async def test_watch_shows_an_unreachable_redis_and_keeps_going() -> None:
     gc.collect()
 
 
+async def test_watch_marks_the_view_stale_while_redis_is_frozen(redis_factory: Any) -> None:
+    """A SIGSTOPped Redis keeps its connections open and answers nothing: the view on
+    screen says when it was read, turns STALE (naming since when) while the read hangs,
+    and is fresh again once Redis answers."""
+    server = redis_factory()
+    out = io.StringIO()
+    console = Console(file=out, width=200, force_terminal=True, color_system=None)
+
+    def screen() -> str:
+        return out.getvalue()
+
+    async def shown(text: str, after: int = 0) -> int:
+        """Wait until ``text`` is on screen past offset ``after``; return where it starts."""
+        while (at := screen().find(text, after)) < 0:
+            await trio.sleep(0.02)
+        return at
+
+    with trio.fail_after(30):
+        async with open_store(server.url) as store, trio.open_nursery() as nursery:
+            for command in claim_commands(Q, "c1", token=TOKEN_A, expiry=2e9, score=1):
+                await store.command(*command)
+            nursery.start_soon(
+                lambda: watch_queue(
+                    store,
+                    Q,
+                    console=console,
+                    key_types=queue_key_types(Q),
+                    result_lists=["result-list"],
+                    retry_set="retry-sortedset",
+                    limit=10,
+                    interval=0.1,
+                    stale_after=1.0,
+                )
+            )
+            fresh = await shown("claims (1 of 1")
+            assert re.search(r"read \d\d:\d\d:\d\dZ, \d+ms ago", screen()), screen()
+            server.pause()
+            try:
+                # The store waits 10 s for a reply: the marker comes while the read hangs.
+                with trio.fail_after(8):
+                    stale = await shown(f"STALE: Redis at {store.url} not answering since ", fresh)
+            finally:
+                server.resume()
+            line = screen()[stale:].splitlines()[0]
+            assert re.fullmatch(
+                rf"STALE: Redis at {re.escape(store.url)} not answering since "
+                r"\d\d:\d\d:\d\dZ; retrying\. Below: the view read \d\d:\d\d:\d\dZ, "
+                r"[\d.]+m?s ago *",
+                line,
+            ), line
+            # The last view stays on screen under the marker, and Redis answers again: a
+            # fresh frame, whose first line says when it was read, follows the marker.
+            assert "claims (1 of 1" in screen()[stale:]
+            fresh_line = re.compile(r"(?<!the view )read \d\d:\d\d:\d\dZ, [\d.]+m?s ago")
+            while not fresh_line.search(screen(), stale):
+                await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+
+
 def test_watch_and_json_do_not_combine(redis_url: str) -> None:
     one_line_error(
         invoke(["inspect", "-q", Q, "--watch", "--json"], redis_url),
         "--watch and --json cannot be combined: --json prints one document",
+        code=2,
     )
 
 
@@ -408,6 +470,7 @@ def test_drain_requires_release_all(redis_url: str) -> None:
     one_line_error(
         invoke(["drain", "-q", Q], redis_url),
         "drain needs --release-all (add --dry-run to preview what would be released)",
+        code=2,
     )
 
 
@@ -457,6 +520,7 @@ def test_reclaim_requires_once_and_configured_queues(redis_url: str) -> None:
     one_line_error(
         invoke(["reclaim"], redis_url),
         "reclaim needs --once (serve runs the reclaimer continuously)",
+        code=2,
     )
     one_line_error(
         invoke(["reclaim", "--once"], redis_url),
@@ -549,9 +613,11 @@ def test_dead_list_text_and_json(redis_url: str) -> None:
     do(redis_url, ("ZADD", f"{Q}:dead", 1_700_000_000, good, 1_700_000_001, b"garbage"))
     result = invoke(["dead", "list", "-q", Q], redis_url)
     assert result.exit_code == 0, result.output
-    assert f"{Q}:dead (2 of 2, oldest first)" in result.stdout
-    assert "d1" in result.stdout and "2023-11-14T22:13:20Z" in result.stdout
-    assert "? (unreadable)" in result.stdout and "cannot requeue" in result.stdout
+    assert f"{Q}:dead (2 of 2, oldest first; full reasons: --json)" in result.stdout
+    d1_row = next(line for line in result.stdout.splitlines() if "│ d1 " in line)
+    assert "max deliveries: lease expired 10 times without an ack (max_deliveries=10)" in d1_row
+    unreadable = next(line for line in result.stdout.splitlines() if "? (unreadable)" in line)
+    assert "invalid: request is not valid JSON: JSON is malformed: invalid" in unreadable
     doc = json.loads(invoke(["dead", "list", "-q", Q, "--json", "--limit", "1"], redis_url).stdout)
     assert doc == {
         "queue": Q,
@@ -561,12 +627,103 @@ def test_dead_list_text_and_json(redis_url: str) -> None:
                 "id": "d1",
                 "dead_at": 1_700_000_000.0,
                 "deadline": 1_900_000_000.0,
+                "cause": "max_deliveries",
+                "reason": "lease expired 10 times without an ack (max_deliveries=10)",
                 "member": good.decode(),
                 "cannot_requeue": None,
             },
         ],
     }
     assert invoke(["dead", "list", "-q", "empty"], redis_url).stdout == "empty:dead is empty\n"
+
+
+def test_dead_list_gives_the_cause_each_dead_letter_got_its_record_for(redis_url: str) -> None:
+    """Both ways into <q>:dead, taken for real: the consumer's dead-letter script for a
+    member it cannot serve, and ``reclaim --once`` at max_deliveries. ``dead list`` names
+    each cause, and its reason is the error_message of the record the request got."""
+    transport = config(redis_url, max_deliveries=2)
+    now = server_now(redis_url)
+    do(
+        redis_url,
+        *claim_commands(Q, "tired", token=TOKEN_A, expiry=now - 1, score=int(now) + 600),
+        ("HSET", f"{Q}:deliveries", "tired", 1),
+    )
+    assert invoke(["reclaim", "--once", "--transport-config", transport]).exit_code == 0
+    bad = b'{"request_kind":"plain","data":{"id":"sloppy","deadline":"soon"}}'
+
+    async def dead_letter(store: Store) -> None:
+        invalid = parse_member(bad)
+        assert isinstance(invalid, Invalid)
+        await QueueOps(store, Q, dedup_ttl=600).dead_letter([invalid])
+
+    do(redis_url, ("ZADD", Q, 1, bad))
+    redis(redis_url, dead_letter)
+    records = {
+        r["id"]: r["error_message"]
+        for r in map(json.loads, do(redis_url, ("LRANGE", "result-list", 0, -1))[0])
+    }
+    assert set(records) == {"tired", "sloppy"}
+    listed = invoke(["dead", "list", "-q", Q, "--json", "--transport-config", transport])
+    assert listed.exit_code == 0, listed.output
+    causes = {d["id"]: (d["cause"], d["reason"]) for d in json.loads(listed.stdout)["dead"]}
+    assert causes == {
+        "tired": ("max_deliveries", records["tired"]),
+        "sloppy": ("invalid", records["sloppy"]),
+    }
+    assert records["tired"] == "lease expired 2 times without an ack (max_deliveries=2)"
+
+
+def test_dead_list_fits_80_columns(redis_url: str) -> None:
+    base = int(server_now(redis_url))
+    do(
+        redis_url,
+        ("ZADD", f"{Q}:dead", base - 90, member("a-rather-long-request-id-0001", base + 7200)),
+        ("ZADD", f"{Q}:dead", base - 30, b'{"data":{"id":"x2","deadline":"later"}}' + b" " * 300),
+    )
+    result = runner.invoke(
+        app, ["dead", "list", "-q", Q], env={"REDIS_URL": redis_url, "COLUMNS": "80"}
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, result.stdout
+    x2 = [line for line in lines if "│ x2 " in line]
+    assert len(x2) == 1  # one line per dead letter, the reason cut short
+    assert re.search(r"│ 3\d\.\ds ago +│ unreadable +│ invalid: .*…", x2[0]), x2[0]
+    first = next(i for i, line in enumerate(lines) if "a-rather-long-reques" in line)
+    row = r"│ 1m3\ds ago +│ in (2h00m|1h59m) +│ max deliveries: lease expir"
+    assert re.search(row, lines[first]), lines[first]
+    assert "t-id-0001" in lines[first + 1]  # the id folds; the row's cells stay whole
+
+
+def test_the_claim_table_fits_80_columns(redis_url: str) -> None:
+    now = server_now(redis_url)
+    rid = "req-2f9c1e7a-4b1d-4c3e-9f00-000000000001"
+    do(redis_url, *claim_commands(Q, rid, token=TOKEN_A, expiry=now - 5, score=int(now) + 600))
+    result = runner.invoke(app, ["inspect", "-q", Q], env={"REDIS_URL": redis_url, "COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, result.stdout
+    row = next(line for line in lines if "│ req-" in line)
+    # Only the id folds; the lease, deliveries and deadline cells stay whole.
+    assert re.search(r"│ aaaaaaaa │ expired \d\.\ds ago │ +0 │ in 9m5\ds │$", row), row
+
+
+def test_tables_show_brackets_in_names_as_written(redis_url: str) -> None:
+    """Ids and queue names are data, not rich markup: "[bold]" is shown, not swallowed."""
+    queue = "q[red]"
+    now = server_now(redis_url)
+    do(
+        redis_url,
+        *claim_commands(queue, "a[bold]b", token=TOKEN_A, expiry=now + 60, score=int(now) + 60),
+        ("ZADD", f"{queue}:dead", int(now), member("d[i]1", int(now) + 60)),
+    )
+    shown = invoke(["inspect", "-q", queue], redis_url)
+    assert shown.exit_code == 0, shown.output
+    assert "│ a[bold]b " in shown.stdout
+    listed = invoke(["dead", "list", "-q", queue], redis_url)
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout.startswith("q[red]:dead (1 of 1, ")
+    assert "│ d[i]1 " in listed.stdout
 
 
 def test_dead_requeue_by_id_and_all(redis_url: str) -> None:
@@ -602,8 +759,8 @@ def test_dead_requeue_by_id_and_all(redis_url: str) -> None:
 
 def test_dead_requeue_needs_ids_or_all(redis_url: str) -> None:
     message = "name the ids to requeue or pass --all (not both)"
-    one_line_error(invoke(["dead", "requeue", "-q", Q], redis_url), message)
-    one_line_error(invoke(["dead", "requeue", "-q", Q, "a", "--all"], redis_url), message)
+    one_line_error(invoke(["dead", "requeue", "-q", Q], redis_url), message, code=2)
+    one_line_error(invoke(["dead", "requeue", "-q", Q, "a", "--all"], redis_url), message, code=2)
 
 
 def test_dead_purge(redis_url: str) -> None:
@@ -611,8 +768,8 @@ def test_dead_purge(redis_url: str) -> None:
     a, b, c = (member(x, 1_900_000_000) for x in "abc")
     do(redis_url, ("ZADD", f"{Q}:dead", now - 1000, a, now - 500, b, now, c))
     message = "say what to purge: ids, --all or --older-than SECONDS (exactly one)"
-    one_line_error(invoke(["dead", "purge", "-q", Q], redis_url), message)
-    one_line_error(invoke(["dead", "purge", "-q", Q, "a", "--all"], redis_url), message)
+    one_line_error(invoke(["dead", "purge", "-q", Q], redis_url), message, code=2)
+    one_line_error(invoke(["dead", "purge", "-q", Q, "a", "--all"], redis_url), message, code=2)
     assert invoke(["dead", "purge", "-q", Q, "a"], redis_url).stdout == (
         f"claimkit dead purge {Q}: purged=1 not_found=0\n"
     )
@@ -652,21 +809,48 @@ def test_results_peek_reads_without_removing(redis_url: str) -> None:
     assert do(redis_url, ("LLEN", "result-list"))[0] == 3
 
 
-def test_results_pops_oldest_first(redis_url: str) -> None:
+def test_results_reads_without_removing_by_default(redis_url: str) -> None:
     push_records(redis_url)
     result = invoke(["results", "--count", "2", "--json"], redis_url)
     assert result.exit_code == 0, result.output
     assert result.stdout.encode().splitlines() == RECORDS[:2]
+    assert do(redis_url, ("LRANGE", "result-list", 0, -1))[0] == list(reversed(RECORDS))
+    again = invoke(["results"], redis_url)
+    assert again.stdout.splitlines() == [
+        'r1  200  {"text":"hi"}',
+        "r2  DEADLINE_EXCEEDED  deadline exceeded",
+        "?  (not a terminal record)  not a record",
+    ]
+    assert do(redis_url, ("LLEN", "result-list"))[0] == 3
+
+
+def test_results_pop_removes_oldest_first(redis_url: str) -> None:
+    push_records(redis_url)
+    result = invoke(["results", "--pop", "--count", "2", "--json"], redis_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.encode().splitlines() == RECORDS[:2]
     assert do(redis_url, ("LRANGE", "result-list", 0, -1))[0] == [RECORDS[2]]
-    assert invoke(["results"], redis_url).stdout == "?  (not a terminal record)  not a record\n"
-    empty = invoke(["results"], redis_url)
+    popped = invoke(["results", "--pop"], redis_url).stdout
+    assert popped == "?  (not a terminal record)  not a record\n"
+    empty = invoke(["results", "--pop"], redis_url)
     assert (empty.exit_code, empty.stdout) == (0, "")
     assert empty.stderr == "claimkit results: result-list is empty\n"
+    assert do(redis_url, ("EXISTS", "result-list"))[0] == 0
 
 
-def test_results_follow_stops_after_count(redis_url: str) -> None:
+def test_results_follow_pops_only_when_asked(redis_url: str) -> None:
     push_records(redis_url, "mine")
-    result = invoke(["results", "--list", "mine", "--follow", "--count", "2", "--json"], redis_url)
+    refused = invoke(["results", "--list", "mine", "--follow", "--count", "2"], redis_url)
+    one_line_error(
+        refused,
+        "--follow removes each record it prints: pass --follow --pop "
+        "(without --pop, results only reads)",
+        code=2,
+    )
+    assert do(redis_url, ("LLEN", "mine"))[0] == 3
+    result = invoke(
+        ["results", "--list", "mine", "--follow", "--pop", "--count", "2", "--json"], redis_url
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.encode().splitlines() == RECORDS[:2]
     assert do(redis_url, ("LLEN", "mine"))[0] == 1
@@ -681,9 +865,11 @@ def test_results_list_defaults_to_the_configured_result_queue(redis_url: str) ->
 
 def test_results_errors(redis_url: str) -> None:
     one_line_error(
-        invoke(["results", "--follow", "--peek"], redis_url),
-        "--peek cannot be combined with --follow: a list cannot be tailed without popping",
+        invoke(["results", "--pop", "--peek"], redis_url),
+        "--peek and --pop cannot be combined: --peek reads without removing",
+        code=2,
     )
+    one_line_error(invoke(["results", "--list", ""], redis_url), "--list must not be empty", code=2)
     do(redis_url, ("SET", "result-list", "x"))
     one_line_error(
         invoke(["results"], redis_url),
@@ -699,11 +885,12 @@ def test_cancel_sets_the_marker_of_a_live_request(redis_url: str) -> None:
 
     token = redis(redis_url, submit)
     result = invoke(["cancel", "r1", "ghost"], redis_url)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # one id asked for was not found
     assert result.stdout.splitlines() == [
         "r1: cancelled",
-        "ghost: not active (unknown, finished or expired); nothing to cancel",
+        "ghost: not active (unknown, finished or expired); not cancelled",
     ]
+    assert result.stderr == "claimkit: no live request to cancel for 'ghost'\n"
     value, ttl, ghost = do(
         redis_url,
         ("GET", "request-cancel:r1"),

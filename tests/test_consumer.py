@@ -199,11 +199,46 @@ async def test_stolen_claim_cancels_work_and_writes_no_record(store: Store, redi
             await store.command("HSET", f"{Q}:claim-owners", "x1", "someone-else")
             await cancelled.wait()  # the next heartbeat (1 s) finds the claim taken
             consumer.request_stop()
-        assert consumer.summary.lost_claims == 1
+        assert consumer.summary.taken_over == 1
+        assert consumer.summary.released_elsewhere == 0
         assert consumer.summary.released == 0
         assert await records(store) == []
         # The other owner's claim is untouched.
         assert await store.command("HGET", f"{Q}:claim-owners", "x1") == b"someone-else"
+
+
+async def test_a_drained_claim_counts_as_released_elsewhere_not_taken_over(
+    store: Store, redis_url: str
+) -> None:
+    """The summary tells a claim another owner took from one handed back to pending by
+    someone else (here ``drain``): after a drain nothing was taken over, nothing lost."""
+    from claimkit._drain import drain_claims
+
+    started = trio.Event()
+    cancelled = trio.Event()
+
+    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+        raise AssertionError("unreachable")
+
+    with trio.fail_after(20):
+        await Producer(store, Q).submit({"id": "x1", "deadline": deadline()})
+        consumer = Consumer(make_config(redis_url, "http://127.0.0.1:9"), store, handler=handler)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            await started.wait()
+            report = await drain_claims(store, Q)
+            assert report.released == 1
+            await cancelled.wait()  # a heartbeat, or claiming it again, finds it released
+            consumer.request_stop()
+        assert consumer.summary.released_elsewhere == 1
+        assert consumer.summary.taken_over == 0
+        assert "taken_over=0 released_elsewhere=1 " in consumer.summary.line()
+        assert "lost" not in consumer.summary.line()
 
 
 async def test_malformed_members_are_dead_lettered_and_the_rest_served(

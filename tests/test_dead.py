@@ -218,3 +218,31 @@ async def test_find_dead_reads_every_page(store: Store) -> None:
         )
         found = await find_dead(store, Q, [f"r{n - 1}", "r0"])
         assert [d.id for d in found] == ["r0", f"r{n - 1}"]
+
+
+def test_the_cause_of_death_is_found_again_from_the_member() -> None:
+    from claimkit._dead import CAUSE_INVALID, CAUSE_MAX_DELIVERIES, DeathCause
+    from claimkit._keys import reserved_keys
+
+    reserved = reserved_keys([Q], "retry-sortedset")
+    routed = json.dumps(
+        {
+            "internal": {"request_token": TOKEN, "result_queue_name": f"{Q}:claimed"},
+            "request_kind": "plain",
+            "data": {"id": "r", "deadline": 1_900_000_000},
+        }
+    ).encode()
+    letter = DeadLetter.parse(routed, 1.0)
+    # The consumer dead-letters a request whose records would land on a queue key...
+    assert letter.cause_of_death(max_deliveries=3, reserved=reserved) == DeathCause(
+        CAUSE_INVALID,
+        f"Failed: internal.result_queue_name names a key claimkit uses: '{Q}:claimed'",
+    )
+    # ...unless the queue has a result list of its own: then only a reclaimer put it here.
+    assert letter.cause_of_death(
+        max_deliveries=1, reserved=reserved, result_list_configured=True
+    ) == DeathCause(CAUSE_MAX_DELIVERIES, "lease expired 1 time without an ack (max_deliveries=1)")
+    garbage = DeadLetter.parse(b"\xff not json", 1.0)
+    found = garbage.cause_of_death(max_deliveries=3, reserved=reserved)
+    assert found.cause == CAUSE_INVALID
+    assert found.reason.startswith("Failed: request is not valid JSON: ")

@@ -11,13 +11,15 @@ import re
 import sys
 import sysconfig
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from claimkit._cli import app
-from claimkit._demo import run_demo
+from claimkit._demo import _Report, _summary_table, run_demo
 from claimkit._redis_server import BINARY_ENV, not_found_message
 
 
@@ -67,3 +69,40 @@ def test_demo_without_a_server_binary_prints_the_hint_verbatim(
     assert result.stderr == f"claimkit demo failed: {not_found_message()}\n"
     assert max(len(line) for line in not_found_message().splitlines()) > 80  # would wrap
     assert list(temp.iterdir()) == []
+
+
+def test_the_table_says_why_ids_ran_twice_yet_no_duplicate_was_suppressed() -> None:
+    """The figures of a real run side by side: 16 executions twice, 0 duplicates
+    suppressed, one record per id. The table says why all three are true."""
+    report = _Report(
+        submitted=300,
+        finished=True,
+        held_by_a=16,
+        records=300,
+        distinct=300,
+        by_status=Counter({"200": 300}),
+        markers=300,
+        left={"pending": 0, "claimed": 0, "retrying": 0, "dead": 0},
+        redelivered_seen=16,
+        summary_b={"redelivered": 16, "duplicates_suppressed": 0},
+        executions=316,
+        ran_twice=16,
+    )
+    console = Console(width=80, color_system=None, record=True)
+    console.print(_summary_table(report))
+    text = console.export_text()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    lines = text.splitlines()
+    assert any(
+        re.search(r"gateway executions +│ +316 │ .*16 ids ran twice \[1\]", ln) for ln in lines
+    )
+    assert any(re.search(r"duplicates suppressed +│ +0 │ .*\[2\]", ln) for ln in lines)
+    notes = " ".join(line.strip() for line in text.split("└")[1].splitlines()[1:])
+    assert (
+        "[1] 16 ids ran twice: A was killed with their requests in flight (sent, not yet "
+        "acked); once their leases lapsed B ran them again. Execution is at-least-once."
+    ) in notes
+    assert (
+        "[2] Records are still one per id, and duplicates suppressed is 0: A died before it "
+        "could push a record, so there was no second record to refuse."
+    ) in notes

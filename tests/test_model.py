@@ -36,7 +36,13 @@ from hypothesis.stateful import (
 from redis_state import pairs
 
 from claimkit._keys import QueueKeys
-from claimkit._models import Envelope, TerminalRecord, parse_member, retry_member
+from claimkit._models import (
+    Envelope,
+    TerminalRecord,
+    max_deliveries_message,
+    parse_member,
+    retry_member,
+)
 from claimkit._protocol import AckItem, QueueOps, move_retries
 from claimkit._store import Store
 
@@ -212,7 +218,7 @@ class Model:
             if max_deliveries > 0 and n >= max_deliveries:
                 self.dead.add(claim.member)
                 del self.deliveries[rid]
-                message = f"request was redelivered {n} times after its owner died"
+                message = max_deliveries_message(n, max_deliveries)
                 gen = envelope(claim.member).request_token
                 self.push(rid, gen, {
                     "id": rid,

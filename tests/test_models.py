@@ -298,7 +298,7 @@ SPEC_ERRORS = [
     (ErrorCode.INVALID_REQUEST, DEADLINE_INVALID_MESSAGE),
     (
         ErrorCode.MAX_DELIVERIES_EXCEEDED,
-        "request was redelivered 10 times after its owner died",
+        "lease expired 10 times without an ack (max_deliveries=10)",
     ),
 ]
 

@@ -27,6 +27,7 @@ from claimkit._models import (
     ErrorCode,
     Invalid,
     TerminalRecord,
+    max_deliveries_message,
     parse_member,
     retry_member,
 )
@@ -922,7 +923,8 @@ async def test_reclaim_dead_letters_at_max_deliveries(store: Store) -> None:
             RESULTS: [state[RESULTS][0]],
             f"result-terminal:{rid}": (TOKEN_A.encode(), DEDUP),
         }
-        message = "request was redelivered 3 times after its owner died"
+        message = "lease expired 3 times without an ack (max_deliveries=3)"
+        assert message == max_deliveries_message(3, 3)
         (record,) = parse_records(state[RESULTS])
         assert list(record) == ERROR_ORDER
         assert record == {
@@ -959,7 +961,8 @@ async def test_max_deliveries_record_destination(
         counts = await ops.reclaim(max_deliveries=1)
         assert counts.dead == 1
         state = await snapshot(store)
-        message = "request was redelivered 1 times after its owner died"  # SPEC §2.3
+        message = "lease expired 1 time without an ack (max_deliveries=1)"
+        assert message == max_deliveries_message(1, 1)
         assert parse_records(state.pop(expected)) == [
             error_record("d", ErrorCode.MAX_DELIVERIES_EXCEEDED, message)
         ]

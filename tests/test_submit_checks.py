@@ -358,11 +358,12 @@ def test_cli_cancel_of_a_finished_request_is_reported_not_cancelled(redis_url: s
     live = redis(redis_url, lambda s: _submit(s, "live"))
     do(redis_url, ("SET", "result-terminal:done", token))
     result = invoke(["cancel", "done", "live"], redis_url)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # "done" has no live request to cancel
     assert result.stdout.splitlines() == [
-        "done: not active (unknown, finished or expired); nothing to cancel",
+        "done: not active (unknown, finished or expired); not cancelled",
         "live: cancelled",
     ]
+    assert result.stderr == "claimkit: no live request to cancel for 'done'\n"
     assert do(redis_url, ("EXISTS", "request-cancel:done"), ("GET", "request-cancel:live")) == [
         0,
         live.encode(),
