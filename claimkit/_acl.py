@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from . import _keys
 from ._config import Config
-from ._gates import RedisBudgetGate, make_gate
+from ._gates import budget_key
 from ._scripts import script
 
 __all__ = ["ROLES", "AclRule", "acl_rule"]
@@ -35,15 +35,15 @@ ROLES = ("consumer", "producer", "operator")
 # and writes; claimkit never sends them when a role has no transaction.
 _COMMANDS: dict[str, tuple[str, ...]] = {
     # serve: key-type preflight, peek, backlog gauge, the redis gate's budget, scripts.
-    "consumer": tuple("EVALSHA EVAL TYPE ZRANGE ZCARD GET".split()),
+    "consumer": tuple("INFO EVALSHA EVAL TYPE ZRANGE ZCARD GET".split()),
     # submit (TIME, TYPE, then DEL/SET/ZADD in MULTI/EXEC), cancel (TYPE, GET, SET),
     # results (RPOP, LRANGE; --follow: BLMOVE, LINDEX, LMOVE, DEL).
     "producer": tuple(
-        "TIME TYPE MULTI EXEC DEL SET ZADD GET RPOP LRANGE BLMOVE LINDEX LMOVE".split()
+        "INFO TIME TYPE MULTI EXEC DEL SET ZADD GET RPOP LRANGE BLMOVE LINDEX LMOVE".split()
     ),
     # inspect, drain, reclaim, dead list/requeue/purge, results, cancel.
     "operator": tuple(
-        "EVALSHA EVAL TIME TYPE MULTI EXEC ZCARD ZRANGE LLEN HMGET ZMSCORE ZREM "
+        "INFO EVALSHA EVAL TIME TYPE MULTI EXEC ZCARD ZRANGE LLEN HMGET HKEYS ZMSCORE ZREM "
         "ZREMRANGEBYSCORE DEL SET GET RPOP LRANGE BLMOVE LINDEX LMOVE".split()
     ),
 }
@@ -144,9 +144,9 @@ def acl_rule(
     ]
     if role == "consumer":
         for q in config.queues:
-            gate = make_gate(q, store=None)  # type: ignore[arg-type]
-            if isinstance(gate, RedisBudgetGate):
-                keys.append(_glob(gate.key))
+            key = budget_key(q)
+            if key is not None:
+                keys.append(_glob(key))
     commands = {*_COMMANDS[role], *_lua_commands(_SCRIPTS[role])}
     return AclRule(
         role=role,

@@ -71,7 +71,10 @@ def test_short_chaos_run(tmp_path: Path) -> None:
     assert re.search(r" lost=0 duplicates=0 phantom=0 location_violations=0/\d+", line), line
     assert line.endswith("PASS"), line
     figures = json.loads(report.read_text())
-    assert figures["accepted"] >= 350
+    # Every submit is accounted for: accepted, or refused during a Redis fault (how many fall
+    # into a fault window depends on the machine's load, so only a floor is asserted).
+    assert figures["accepted"] + figures["uncertain_not_accepted"] == 400
+    assert figures["accepted"] >= 200
     assert figures["records"] == figures["accepted"]
     assert set(figures["faults_by_kind"]) >= {
         "kill",

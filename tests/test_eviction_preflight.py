@@ -100,18 +100,21 @@ async def test_an_unreadable_policy_is_one_line_and_serve_carries_on(
     shown = server.url.replace("redis://", "redis://narrow:***@")
     with caplog.at_level(logging.WARNING, logger="claimkit"):
         await check(url)
+    acl = "`claimkit acl` prints the rule claimkit needs (docs/security.md)"
     assert messages(caplog) == [
         (
             logging.WARNING,
             f"claimkit: warning: cannot tell whether Redis at {shown} is a cluster: INFO was "
-            "refused (this user has no permissions to run the 'info' command); claimkit "
-            "needs a standalone Redis",
+            "refused (user 'narrow' may not run INFO: grant +info (Redis: NOPERM this user "
+            f"has no permissions to run the 'info' command); {acl}); claimkit needs a "
+            "standalone Redis",
         ),
         (
             logging.WARNING,
             "claimkit: warning: cannot read Redis's maxmemory-policy (CONFIG GET "
-            "maxmemory-policy was refused: this user has no permissions to run the "
-            "'config|get' command); claimkit needs noeviction (docs/operations.md, "
-            '"Eviction")',
+            "maxmemory-policy was refused: user 'narrow' may not run CONFIG|GET (sent as "
+            "CONFIG): grant +config|get (Redis: NOPERM this user has no permissions to run "
+            f"the 'config|get' command); {acl}); claimkit needs noeviction "
+            '(docs/operations.md, "Eviction")',
         ),
     ]
