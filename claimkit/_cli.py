@@ -1,4 +1,4 @@
-"""The ``claimkit`` command line (SPEC §8): one typer app.
+"""The ``claimkit`` command line (docs/cli.md): one typer app.
 
 ``serve``, ``submit``, ``sim`` and ``demo`` live here; the operator commands (``inspect``,
 ``drain``, ``reclaim``, ``dead``, ``results``, ``cancel``) in :mod:`claimkit._cli_ops`.

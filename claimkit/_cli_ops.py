@@ -1,7 +1,7 @@
-"""The operator commands (SPEC §8): ``inspect``, ``drain``, ``reclaim``, ``dead``,
+"""The operator commands (docs/cli.md): ``inspect``, ``drain``, ``reclaim``, ``dead``,
 ``results`` and ``cancel``, registered on the main app by :func:`register`.
 
-They share serve's configuration (SPEC §6: ``--transport-config``/``-file``,
+They share serve's configuration (docs/configuration.md: ``--transport-config``/``-file``,
 ``--redis-url``, ``$REDIS_URL``). A queue named with ``--queue`` must be one of the
 configured queues when the config lists queues; with only a Redis URL any name is
 accepted, and a key of the wrong Redis type is one error line. Every error is one line on
@@ -80,7 +80,7 @@ class _Target:
 
     @property
     def result_lists(self) -> list[str]:
-        """The lists this queue's records go to by config (SPEC §2.3)."""
+        """The lists this queue's records go to by config (docs/protocol.md#terminal-record)."""
         if self.queue_config is not None and self.queue_config.result_queue_name:
             return [self.queue_config.result_queue_name]
         return [self.config.result_queue_name]
@@ -403,7 +403,7 @@ def drain(
             await check_key_types(store, target.key_types())
             if dry_run:
                 # The table: one bounded read. The count: batched reads like a real drain's,
-                # never one script call over every claim (SPEC §3: a few ms per script).
+                # never one script call over every claim (docs/protocol.md#claim-protocol: a few ms per script).
                 snap = await snapshot(
                     store,
                     queue,

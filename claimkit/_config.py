@@ -1,4 +1,4 @@
-"""Configuration (SPEC §6): the llm-d-async ``redis-sortedset`` transport JSON plus flags.
+"""Configuration (docs/configuration.md): the llm-d-async ``redis-sortedset`` transport JSON plus flags.
 
 The JSON comes inline (``--transport-config``) or from a file (``--transport-config-file``);
 a flag applies only where the JSON does not set the field. The Redis URL is the JSON's
@@ -37,7 +37,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class QueueConfig:
-    """One entry of ``queues[]`` (SPEC §6)."""
+    """One entry of ``queues[]`` (docs/configuration.md)."""
 
     queue_name: str
     igw_base_url: str
@@ -56,9 +56,9 @@ class QueueConfig:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """The whole consumer configuration. Units are in the field names (SPEC §6).
+    """The whole consumer configuration. Units are in the field names (docs/configuration.md).
 
-    ``max_deliveries`` follows SPEC §3.7: 0 means unlimited (not "the default").
+    ``max_deliveries`` follows docs/protocol.md#reclaim: 0 means unlimited (not "the default").
     """
 
     url: str
@@ -85,7 +85,7 @@ class Config:
 
     @property
     def heartbeat_interval_seconds(self) -> float:
-        """``clamp(claim_lease_ttl / 3, 1 s, 30 s)`` (SPEC §3.3)."""
+        """``clamp(claim_lease_ttl / 3, 1 s, 30 s)`` (docs/protocol.md#heartbeat)."""
         return min(30.0, max(1.0, self.claim_lease_ttl_seconds / 3))
 
     def queue(self, name: str) -> QueueConfig:
@@ -97,7 +97,7 @@ class Config:
         raise ConfigError(f"unknown queue {name!r} (configured: {known})")
 
 
-# Numeric fields: (type, default). 0 means the default (SPEC §6), except max_deliveries.
+# Numeric fields: (type, default). 0 means the default (docs/configuration.md), except max_deliveries.
 _NUMERIC: dict[str, tuple[type, float]] = {
     "poll_interval_ms": (int, 1000),
     "batch_size": (int, 10),
@@ -113,8 +113,8 @@ _NUMERIC: dict[str, tuple[type, float]] = {
     "http_idle_timeout_seconds": (float, 5.0),
     "http_max_connections": (int, 512),
 }
-# SPEC §6 says 0 means the default, but three fields give 0 a meaning of its own: unlimited
-# deliveries (§3.7), a dedup marker with no TTL (§1), a server turned off (§6).
+# docs/configuration.md says 0 means the default, but three fields give 0 a meaning of its own: unlimited
+# deliveries (docs/protocol.md#reclaim), a dedup marker with no TTL (docs/protocol.md#keys), a server turned off (docs/configuration.md).
 _ZERO_IS_ZERO = {"max_deliveries", "result_dedup_ttl_seconds", "metrics_port", "health_port"}
 _PORTS = {"metrics_port", "health_port"}
 
@@ -303,7 +303,7 @@ def load_config(
     environ: dict[str, str] | None = None,
     require_queues: bool = True,
 ) -> Config:
-    """Build a :class:`Config` from the transport JSON and flags (SPEC §6).
+    """Build a :class:`Config` from the transport JSON and flags (docs/configuration.md).
 
     Args:
         inline: the ``--transport-config`` JSON text.

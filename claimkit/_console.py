@@ -1,5 +1,5 @@
 """Everything ``rich`` draws for the operator commands: tables, the live view, the progress
-bar (SPEC §8). The only module besides ``_cli.py`` allowed to import ``rich``.
+bar (docs/cli.md). The only module besides ``_cli.py`` allowed to import ``rich``.
 
 Renderers take plain data (:class:`~claimkit._inspect.QueueSnapshot`,
 :class:`~claimkit._dead.DeadLetter`) and return rich renderables; the CLI decides where

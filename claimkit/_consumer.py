@@ -1,16 +1,16 @@
-"""``claimkit serve``: the durable consumer's tasks in one trio nursery (SPEC §3, §5).
+"""``claimkit serve``: the durable consumer's tasks in one trio nursery (docs/protocol.md#claim-protocol, docs/protocol.md#tasks-and-shutdown).
 
 Inside :meth:`Consumer.run` run, scoped together:
 
 - a **poller** per queue: peek -> validate (dead-letter what is malformed) -> gate -> claim;
   each claimed request starts a **worker** task (at most ``concurrency`` at once);
 - the **acker**: terminal records and retry parks from every worker, batched per queue into
-  one script call (SPEC §3.4, §3.5);
+  one script call (docs/protocol.md#ack, docs/protocol.md#park-for-retry);
 - the **heartbeater**: renews every held claim each ``clamp(ttl/3, 1, 30)`` seconds and
-  cancels the work of any claim found stolen or gone (SPEC §3.3);
-- the **reclaimer** (SPEC §3.7) and the **retry mover** (SPEC §3.5).
+  cancels the work of any claim found stolen or gone (docs/protocol.md#heartbeat);
+- the **reclaimer** (docs/protocol.md#reclaim) and the **retry mover** (docs/protocol.md#park-for-retry).
 
-Shutdown (SPEC §5) runs in phases: stop claiming; give in-flight work ``drain_timeout``
+Shutdown (docs/protocol.md#tasks-and-shutdown) runs in phases: stop claiming; give in-flight work ``drain_timeout``
 seconds; cancel it; flush the acker; then the **sweep** hands every claim still held back
 to pending, shielded under its own deadline. Redis going away never ends the process: each
 task retries with backoff and carries on.
@@ -51,8 +51,8 @@ __all__ = ["Consumer", "Handler", "KeyRole", "QueueRuntime", "Summary", "check_k
 log = logging.getLogger("claimkit")
 
 SWEEP_TIMEOUT_SECONDS = 10.0
-"""The shielded sweep's own deadline (SPEC §5). Claims it cannot return lapse and are
-reclaimed by any instance (SPEC §3.7): nothing is lost, only delayed."""
+"""The shielded sweep's own deadline (docs/protocol.md#tasks-and-shutdown). Claims it cannot return lapse and are
+reclaimed by any instance (docs/protocol.md#reclaim): nothing is lost, only delayed."""
 
 HURRY_SECONDS = 1.0
 """After a second SIGTERM/SIGINT, how long the remaining shutdown steps may still take."""
@@ -71,7 +71,7 @@ scripts per request); with it, about ``batch_size``. Adds at most this to result
 
 Handler = Callable[["QueueRuntime", Envelope, float], Awaitable[Outcome]]
 """``(queue, envelope, server_now) -> Outcome``: what to do with one claimed request.
-The default sends it to the inference gateway (SPEC §4)."""
+The default sends it to the inference gateway (docs/dispatch.md)."""
 
 
 class _Phase(enum.Enum):
@@ -82,7 +82,7 @@ class _Phase(enum.Enum):
 
 @dataclass
 class Summary:
-    """Counts for the exit line (SPEC §5), for this process only."""
+    """Counts for the exit line (docs/protocol.md#tasks-and-shutdown), for this process only."""
 
     claimed: int = 0
     acked: int = 0
@@ -157,7 +157,7 @@ class QueueRuntime:
 
 @dataclass(frozen=True, slots=True)
 class KeyRole:
-    """What a key is to ``serve``: its Redis ``TYPE`` name (SPEC §1) and a description for
+    """What a key is to ``serve``: its Redis ``TYPE`` name (docs/protocol.md#keys) and a description for
     one-line errors, with ``{}`` where the key's name goes (``"result list {} of queue
     'q'"``)."""
 
@@ -169,7 +169,7 @@ class KeyRole:
 
 
 def key_roles(config: Config) -> dict[str, KeyRole]:
-    """Every key ``serve`` uses whose Redis type the config tells (SPEC §1), by name: each
+    """Every key ``serve`` uses whose Redis type the config tells (docs/protocol.md#keys), by name: each
     queue's own keys, the retry set and its dead set, each queue's result list, the global
     result list, and a ``redis`` gate's budget key. Per-request keys are not among them.
 
@@ -257,9 +257,9 @@ class Consumer:
     """The durable consumer of every configured queue.
 
     Args:
-        config: the whole configuration (SPEC §6).
+        config: the whole configuration (docs/configuration.md).
         store: an open store on ``config.url``.
-        handler: what to do with a claimed request; default HTTP dispatch (SPEC §4).
+        handler: what to do with a claimed request; default HTTP dispatch (docs/dispatch.md).
         http_client: the client the default handler uses (one is opened if ``None``).
         metrics: where to count (a fresh registry if ``None``).
         rng: randomness for backoff jitter and the redis gate (seeded in tests).
@@ -328,7 +328,7 @@ class Consumer:
     # -- public ------------------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Begin the graceful shutdown (SPEC §5). A second call skips the drain wait."""
+        """Begin the graceful shutdown (docs/protocol.md#tasks-and-shutdown). A second call skips the drain wait."""
         if self._stop.is_set():
             self._hurry.set()
         self._stop.set()
@@ -349,15 +349,15 @@ class Consumer:
     async def run(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> Summary:
-        """Consume until :meth:`request_stop` (or cancellation), then shut down (SPEC §5).
+        """Consume until :meth:`request_stop` (or cancellation), then shut down (docs/protocol.md#tasks-and-shutdown).
 
         Returns:
             The :class:`Summary` of this process.
 
         Raises:
             WrongKeyType: Redis refused a call and a key the consumer uses turned out to
-                hold another type than SPEC §1 says (one line naming it). Retrying cannot
-                mend that, so the consumer stopped (SPEC §5: an unrecoverable error), with
+                hold another type than docs/protocol.md#keys says (one line naming it). Retrying cannot
+                mend that, so the consumer stopped (docs/protocol.md#tasks-and-shutdown: an unrecoverable error), with
                 the same shutdown and sweep as :meth:`request_stop`.
 
         Cancellation: if the caller cancels instead of calling :meth:`request_stop`, the
@@ -375,7 +375,7 @@ class Consumer:
                 await self._stop.wait()
                 await self._shutdown()
                 # Sweep before the nursery closes: a task that ignores cancellation keeps
-                # the nursery open, but must not keep its claim (SPEC §3.6).
+                # the nursery open, but must not keep its claim (docs/protocol.md#release-and-sweep).
                 await self._within_budget(self._sweep)
                 nursery.cancel_scope.cancel()
         finally:
@@ -431,7 +431,7 @@ class Consumer:
     async def _within_budget(self, fn: Callable[[], Awaitable[object]]) -> None:
         """Run a shutdown step shielded from cancellation, until it finishes or the
         shutdown budget runs out: ``SWEEP_TIMEOUT_SECONDS`` from the first step, cut to
-        ``HURRY_SECONDS`` from the moment a second signal arrives (SPEC §5)."""
+        ``HURRY_SECONDS`` from the moment a second signal arrives (docs/protocol.md#tasks-and-shutdown)."""
         if self._budget_end is None:
             self._budget_end = trio.current_time() + SWEEP_TIMEOUT_SECONDS
         with trio.CancelScope(shield=True, deadline=self._budget_end) as scope:
@@ -446,7 +446,7 @@ class Consumer:
                 nursery.cancel_scope.cancel()
 
     async def _sweep(self) -> None:
-        """Hand every claim this process still holds back to pending (SPEC §3.6)."""
+        """Hand every claim this process still holds back to pending (docs/protocol.md#release-and-sweep)."""
         self._swept = True
         for q in self.queues:
             items = list(q.held.items())
@@ -616,7 +616,7 @@ class Consumer:
         q.metrics.requests.inc(claimed)
         q.metrics.claim_depth.set(len(q.held))
         # One worker at a time, each entering its dispatch before the next is started, so a
-        # poll batch is dispatched in deadline order (SPEC §3.1). With start_soon trio runs
+        # poll batch is dispatched in deadline order (docs/protocol.md#peek). With start_soon trio runs
         # tasks started together in either order: half the batches went out reversed.
         for i, (held, slot) in enumerate(batch):
             try:
@@ -632,7 +632,7 @@ class Consumer:
         return ClaimCode.BUSY in codes and claimed == 0
 
     def _misrouted(self, q: QueueRuntime, parsed: Envelope | Invalid) -> Envelope | Invalid:
-        """Keep records off keys claimkit uses for other things (SPEC §2.3 lets
+        """Keep records off keys claimkit uses for other things (docs/protocol.md#terminal-record lets
         ``internal.result_queue_name`` name any key; pushing a record onto an empty queue
         key would re-create it as a list and break it for every request). Such a request
         is dead-lettered; its record, and that of an invalid member naming such a key, goes
@@ -698,7 +698,7 @@ class Consumer:
                         q.metrics.latency_ms.observe((time.perf_counter() - started) * 1000)
             held.scope = None
             if outcome is None or held.lost:
-                return  # stolen or gone: its result would be a duplicate (SPEC §3.3)
+                return  # stolen or gone: its result would be a duplicate (docs/protocol.md#heartbeat)
             job = _Job(q, held)
             if isinstance(outcome, Retry):
                 job.retry_delay, job.retry_last = outcome.delay, outcome.last
@@ -724,7 +724,7 @@ class Consumer:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             # The acker is gone (shutdown); this task outlived the drain. Ack directly: the
             # sweep may already have returned the claim, and the ack then withdraws that copy
-            # or is suppressed as a duplicate (SPEC §3.6).
+            # or is suppressed as a duplicate (docs/protocol.md#release-and-sweep).
             with trio.CancelScope(shield=True), trio.move_on_after(SWEEP_TIMEOUT_SECONDS):
                 await self._flush([job])
         # Not waiting for the ack: the worker slot bounds requests in flight to the gateway,
@@ -757,7 +757,7 @@ class Consumer:
 
     async def _flush(self, batch: list[_Job]) -> None:
         """Ack or park a batch, one script call per queue and kind; retries while Redis is
-        unavailable (the claims stay held and renewed meanwhile, SPEC §3.4)."""
+        unavailable (the claims stay held and renewed meanwhile, docs/protocol.md#ack)."""
         groups: dict[tuple[int, bool], list[_Job]] = defaultdict(list)
         for job in batch:
             groups[(id(job.queue), job.record is None)].append(job)
@@ -908,7 +908,7 @@ class Consumer:
         q.metrics.claim_depth.set(len(q.held))
 
     def _drop_lost(self, q: QueueRuntime, h: _Held, *, taken_over: bool) -> None:
-        """Forget a claim that is no longer ours and cancel its work (SPEC §3.3)."""
+        """Forget a claim that is no longer ours and cancel its work (docs/protocol.md#heartbeat)."""
         h.lost = True
         if q.held.get(h.env.id) is h:
             del q.held[h.env.id]

@@ -9,7 +9,7 @@ One run, on this machine only, with nothing shared:
 4. ``requests`` requests submitted;
 5. consumer A SIGKILLed while it holds claims: no sweep, no goodbye;
 6. a wait until every request has a terminal record (B redelivers A's claims once their
-   leases lapse, SPEC §3.7), then SIGTERM for B;
+   leases lapse, docs/protocol.md#reclaim), then SIGTERM for B;
 7. a summary table, read from Redis, B's summary line and the simulator's counters, and a
    verdict. The exit status is 0 iff no request was lost, none has two records and
    nothing is left pending, claimed, retrying or dead.
@@ -56,12 +56,12 @@ if TYPE_CHECKING:
 __all__ = ["run_demo"]
 
 QUEUE = "demo-requests"
-RESULTS = "result-list"  # the default result_queue_name (SPEC §6)
-RETRY_SET = "retry-sortedset"  # the default retry_queue_name (SPEC §6)
+RESULTS = "result-list"  # the default result_queue_name (docs/configuration.md)
+RETRY_SET = "retry-sortedset"  # the default retry_queue_name (docs/configuration.md)
 SIM_LATENCY = "0.2,0.6"  # seconds per answer, uniform: claims stay held a while
 LEASE_SECONDS = 3.0  # short, so A's orphaned claims come back within seconds
 RECLAIM_INTERVAL_MS = 500
-HEARTBEAT_SECONDS = max(1.0, LEASE_SECONDS / 3)  # what serve derives from the lease (§3.3)
+HEARTBEAT_SECONDS = max(1.0, LEASE_SECONDS / 3)  # what serve derives from the lease (docs/protocol.md#heartbeat)
 CONCURRENCY = 16  # requests in flight per consumer
 POLL_INTERVAL_MS = 50
 DEADLINE_SECONDS = 600  # requests' deadline, from submission
@@ -192,7 +192,7 @@ class _Watch:
     def __init__(self, store: Store, ids: list[str]) -> None:
         self.store = store
         # A request's ``result-terminal:<id>`` marker is set with its record, atomically
-        # (SPEC §3.4): counting markers counts requests that have a record.
+        # (docs/protocol.md#ack): counting markers counts requests that have a record.
         self.markers = [_keys.result_terminal(rid) for rid in ids]
         self.redelivered: set[str] = set()
 
@@ -311,7 +311,7 @@ async def _frozen_claims(watch: _Watch, at_kill: dict[str, tuple[str, float]]) -
     """The claims of ``at_kill`` that nobody touched for a heartbeat and a margin.
 
     That is how A's claims are told apart from B's: a live owner acks its claims or renews
-    them every heartbeat (SPEC §3.3), which moves their lease expiry; a dead owner's keep
+    them every heartbeat (docs/protocol.md#heartbeat), which moves their lease expiry; a dead owner's keep
     token and expiry until the reclaimer redelivers them (those are caught by ``watch``).
     """
     check_at = trio.current_time() + HEARTBEAT_SECONDS + 0.5

@@ -1,12 +1,12 @@
-"""Dispatch: one HTTP attempt of a claimed request against the inference gateway (SPEC §4).
+"""Dispatch: one HTTP attempt of a claimed request against the inference gateway (docs/dispatch.md).
 
-claimkit retries a request by *parking* it in the retry set (SPEC §3.5), never by looping
+claimkit retries a request by *parking* it in the retry set (docs/protocol.md#park-for-retry), never by looping
 here, so :func:`dispatch` makes exactly one attempt and returns what should happen next:
 
-- :class:`Done` — a terminal record is ready; the caller acks it (SPEC §3.4).
-- :class:`Retry` — park the request for ``delay`` seconds (SPEC §3.5).
+- :class:`Done` — a terminal record is ready; the caller acks it (docs/protocol.md#ack).
+- :class:`Retry` — park the request for ``delay`` seconds (docs/protocol.md#park-for-retry).
 
-The rules, all from SPEC §4:
+The rules, all from docs/dispatch.md:
 
 - ``POST`` the request's ``payload`` as JSON to the gateway base URL joined with the
   request's ``endpoint`` or the queue's ``request_path_url``. Redirects are not followed
@@ -86,7 +86,7 @@ _log = logging.getLogger("claimkit.dispatch")
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where one queue's requests go (from its SPEC §6 config entry).
+    """Where one queue's requests go (from its docs/configuration.md config entry).
 
     Attributes:
         base_url: the gateway base URL (``igw_base_url``); may carry a path prefix.
@@ -118,7 +118,7 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """Retryable: park the request for ``delay`` seconds (SPEC §3.5).
+    """Retryable: park the request for ``delay`` seconds (docs/protocol.md#park-for-retry).
 
     Attributes:
         delay: backoff in seconds, > 0.
@@ -156,7 +156,7 @@ def _put(headers: dict[str, str], name: str, value: str) -> None:
 
 
 def build_headers(env: Envelope, target: Target) -> dict[str, str]:
-    """The HTTP headers of one attempt (SPEC §4), later sources winning.
+    """The HTTP headers of one attempt (docs/dispatch.md), later sources winning.
 
     In order: ``Content-Type: application/json``; ``x-gateway-inference-objective`` when the
     queue sets an objective; the request's own ``headers``; ``x-llm-d-inference-fairness-id``
@@ -204,7 +204,7 @@ def backoff_delay(
     now: float,
     rng: random.Random,
 ) -> float:
-    """The backoff in seconds before attempt ``attempt + 1`` (SPEC §4).
+    """The backoff in seconds before attempt ``attempt + 1`` (docs/dispatch.md).
 
     With ``s = seconds_left`` and ``t = min(60, s, 2 · 2^attempt)``, the delay is uniform in
     ``[t/2, t)``. A ``Retry-After`` asking for more than that is honoured, capped at ``s/2``
@@ -263,7 +263,7 @@ def _os_reason(exc: BaseException) -> str | None:
 
 
 def _describe(exc: Exception) -> str:
-    """A short, never empty, human reason for a failed send (the ``<err>`` of SPEC §2.3).
+    """A short, never empty, human reason for a failed send (the ``<err>`` of docs/protocol.md#terminal-record).
     Timeouts already say which phase ran out and after how long (see :mod:`._http`)."""
     text = str(exc).strip()
     errno_text = _os_reason(exc)
@@ -299,7 +299,7 @@ async def dispatch(
     now: float,
     rng: random.Random | None = None,
 ) -> Outcome:
-    """Send one request to the gateway once and decide what happens next (SPEC §4).
+    """Send one request to the gateway once and decide what happens next (docs/dispatch.md).
 
     Args:
         client: a client from :func:`open_http_client` (it must not follow redirects).
@@ -407,7 +407,7 @@ def open_http_client(concurrency: int) -> _http.HttpClient:
     """A gateway client for up to ``concurrency`` requests in flight at once.
 
     It is claimkit's own HTTP/1.1 client (:class:`claimkit._http.HttpClient`, h11 over
-    trio streams): redirects are never followed (SPEC §4), up to ``concurrency``
+    trio streams): redirects are never followed (docs/dispatch.md), up to ``concurrency``
     connections are open at once, so a full worker pool never waits for a connection, and
     idle ones are kept for reuse for :data:`claimkit._http.KEEPALIVE_EXPIRY_SECONDS`
     (1.5 s, below common gateway keep-alive timeouts: a request written on a connection the

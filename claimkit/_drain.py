@@ -1,4 +1,4 @@
-"""Operator hand-back of every claim of a queue (``claimkit drain --release-all``, SPEC §3.6).
+"""Operator hand-back of every claim of a queue (``claimkit drain --release-all``, docs/protocol.md#release-and-sweep).
 
 Each claim goes back to pending at its original score through the fenced release script
 (:meth:`QueueOps.release <claimkit._protocol.QueueOps.release>`), with the owner token and
@@ -7,8 +7,8 @@ was read is left alone. Safe to run while consumers run, and safe to run twice: 
 run finds nothing (or only claims taken since) to release.
 
 The consumer that held a released claim learns it at its next heartbeat (the claim is gone,
-SPEC §3.3) and cancels the work; if the work finishes first, its ack still pushes the one
-terminal record and withdraws the pending copy (SPEC §3.4), so nothing runs to two records.
+docs/protocol.md#heartbeat) and cancels the work; if the work finishes first, its ack still pushes the one
+terminal record and withdraws the pending copy (docs/protocol.md#ack), so nothing runs to two records.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ async def drain_claims(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> DrainReport:
-    """Release every claim of ``queue`` back to pending, fenced per claim (SPEC §3.6).
+    """Release every claim of ``queue`` back to pending, fenced per claim (docs/protocol.md#release-and-sweep).
 
     The claims are listed once; then, per batch of ``batch_size`` ids, one ``MULTI``
     reads their owner tokens (``HMGET``) and lease expiries (``ZMSCORE``) and one release

@@ -3,7 +3,7 @@
 Why not httpx: at 50 requests in flight httpx (through httpcore) spends ~1.2 ms of CPU per
 request, most of it in pool bookkeeping that grows with open x idle connections, which caps
 one consumer process near 800 requests/s (see ``docs/performance.md``). This client does
-only what dispatch needs (SPEC §4): one ``POST`` with a body already in bytes, the whole
+only what dispatch needs (docs/dispatch.md): one ``POST`` with a body already in bytes, the whole
 response read into memory, redirects never followed. Its pool is a LIFO stack of idle
 connections per origin and a counter; taking or returning a connection is O(1).
 

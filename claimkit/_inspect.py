@@ -1,6 +1,6 @@
-"""Read-only views of a queue for operators (``claimkit inspect``, SPEC §8).
+"""Read-only views of a queue for operators (``claimkit inspect``, docs/cli.md).
 
-:func:`snapshot` reads one queue's keys (SPEC §1) with the read-only ``inspect`` script, so
+:func:`snapshot` reads one queue's keys (docs/protocol.md#keys) with the read-only ``inspect`` script, so
 its counts and claim rows describe one instant of the Redis server clock, then the retry
 set and the result lists with one pipeline. Nothing is written and nothing scans the
 keyspace (no ``KEYS``/``SCAN``): every key read is named by the queue.
@@ -50,14 +50,14 @@ bounds (``claims_exact`` False)."""
 
 
 class WrongKeyType(ConfigError):
-    """A key claimkit reads holds another Redis type than the layout says (SPEC §1).
+    """A key claimkit reads holds another Redis type than the layout says (docs/protocol.md#keys).
 
     ``str(err)`` is one line naming the key, what it holds and what was expected.
     """
 
 
 def queue_key_types(queue: str) -> dict[str, str]:
-    """The Redis type of every per-queue key of ``queue`` (SPEC §1), by key name."""
+    """The Redis type of every per-queue key of ``queue`` (docs/protocol.md#keys), by key name."""
     k = _keys.QueueKeys.for_queue(queue)
     return {
         k.pending: "zset",
@@ -115,7 +115,7 @@ off by far less); a stamp further ahead is not trusted."""
 
 @dataclass(frozen=True, slots=True)
 class ClaimRow:
-    """One claim of ``<q>:claims-idx`` (SPEC §1) as the snapshot saw it.
+    """One claim of ``<q>:claims-idx`` (docs/protocol.md#keys) as the snapshot saw it.
 
     Attributes:
         id: the request id (the index member).
@@ -125,7 +125,7 @@ class ClaimRow:
         score: the original pending score (``<id>:score``), Unix seconds, or ``None``.
         deliveries: ``<q>:deliveries[id]``, 0 when absent.
         has_payload: whether ``<q>:claimed[id]`` holds the member bytes (a claim without
-            them is a ghost, removed by the next reclaim run, SPEC §3.7).
+            them is a ghost, removed by the next reclaim run, docs/protocol.md#reclaim).
         held_seconds: how long this claim has been held, seconds, or ``None`` when not
             known. Exact when the owner token is claimkit's (a UUIDv7 stamped with the
             claim time, :func:`claimkit._protocol.token_time`); otherwise how long the
@@ -151,7 +151,7 @@ class ClaimRow:
 
     @property
     def ghost(self) -> bool:
-        """An index entry without an owner or a payload (SPEC §3.7 ghost)."""
+        """An index entry without an owner or a payload (docs/protocol.md#reclaim ghost)."""
         return self.owner is None or not self.has_payload
 
     def to_json(self) -> dict[str, Any]:
@@ -335,7 +335,7 @@ async def snapshot(
     limit: int = 50,
     first_seen: MutableMapping[tuple[str, str], float] | None = None,
 ) -> QueueSnapshot:
-    """Read one queue's state without changing it (SPEC §1, §8 ``inspect``).
+    """Read one queue's state without changing it (docs/protocol.md#keys, docs/cli.md ``inspect``).
 
     Two round trips: the read-only ``inspect`` script for the queue's own keys (one
     consistent instant), then one pipeline for the retry set and the result lists.

@@ -1,4 +1,4 @@
-"""Every Redis key name claimkit reads or writes (SPEC §1). No other module builds a key.
+"""Every Redis key name claimkit reads or writes (docs/protocol.md#keys). No other module builds a key.
 
 A queue name may carry a Redis Cluster hash tag (``{tenant-a}:requests``); the derived
 per-queue keys below are suffixes of it, so they hash to the same slot.
@@ -17,14 +17,14 @@ REQUEST_CANCEL_PREFIX = "request-cancel:"
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
-    """The keys of one queue ``<q>`` (SPEC §1).
+    """The keys of one queue ``<q>`` (docs/protocol.md#keys).
 
     Attributes:
         pending: ZSET of envelopes scored by deadline (Unix seconds).
         claimed: HASH ``<id>`` -> claimed member bytes, ``<id>:score`` -> original score.
         owners: HASH ``<id>`` -> ownership token (hex) of the live claim.
         index: ZSET ``<id>`` scored by lease expiry (Unix seconds, Redis server clock).
-        deliveries: HASH ``<id>`` -> redelivery count (§3.7).
+        deliveries: HASH ``<id>`` -> redelivery count (docs/protocol.md#reclaim).
         dead: ZSET of dead-lettered member bytes scored by the time they died.
     """
 
@@ -48,17 +48,17 @@ class QueueKeys:
 
 
 def result_terminal(request_id: str) -> str:
-    """Dedup marker of a request's terminal record (§1, §3.4)."""
+    """Dedup marker of a request's terminal record (docs/protocol.md#keys, docs/protocol.md#ack)."""
     return RESULT_TERMINAL_PREFIX + request_id
 
 
 def request_active(request_id: str) -> str:
-    """The producer's live-generation marker (§2.2)."""
+    """The producer's live-generation marker (docs/protocol.md#producer)."""
     return REQUEST_ACTIVE_PREFIX + request_id
 
 
 def request_cancel(request_id: str) -> str:
-    """The cancel marker; a request is cancelled iff it holds its ``request_token`` (§1)."""
+    """The cancel marker; a request is cancelled iff it holds its ``request_token`` (docs/protocol.md#keys)."""
     return REQUEST_CANCEL_PREFIX + request_id
 
 

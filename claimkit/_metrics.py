@@ -1,6 +1,6 @@
-"""Prometheus metrics (SPEC §7), on a registry of their own per consumer.
+"""Prometheus metrics (docs/metrics.md), on a registry of their own per consumer.
 
-Names are SPEC §7's under the namespace (default ``llm_d_async``), so the claim depth is
+Names are docs/metrics.md's under the namespace (default ``llm_d_async``), so the claim depth is
 exported as ``llm_d_async_async_claim_depth``; counters get prometheus-client's ``_total``.
 Every metric has the labels ``queue_id``, ``queue_name`` and ``pool_name`` (the queue's
 ``labels.pool_name``, or ``""``).
@@ -41,10 +41,10 @@ class QueueMetrics:
 
 
 class Metrics:
-    """All SPEC §7 metrics on one :class:`CollectorRegistry`.
+    """All docs/metrics.md metrics on one :class:`CollectorRegistry`.
 
     Args:
-        namespace: metric name prefix (SPEC §7 default ``llm_d_async``).
+        namespace: metric name prefix (docs/metrics.md default ``llm_d_async``).
     """
 
     def __init__(self, namespace: str = "llm_d_async") -> None:

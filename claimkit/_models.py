@@ -1,9 +1,9 @@
-"""Wire models: the request envelope (SPEC §2.1) and the terminal record (SPEC §2.3).
+"""Wire models: the request envelope (docs/protocol.md#envelope) and the terminal record (docs/protocol.md#terminal-record).
 
 A member is validated with msgspec, whose errors name the offending field
 (``Expected `int`, got `str` - at `$.data.deadline```). The parsed view is only used to
 decide what to do with a request: the member itself is always moved by its exact original
-bytes, and the one rewrite claimkit makes (the retry copy, §3.5) edits a plain ``dict`` so
+bytes, and the one rewrite claimkit makes (the retry copy, docs/protocol.md#park-for-retry) edits a plain ``dict`` so
 unknown fields survive.
 """
 
@@ -34,7 +34,7 @@ DEADLINE_INVALID_MESSAGE = "Failed: deadline is missing or invalid (Unix seconds
 MAX_DEADLINE = 253402300799
 """The latest ``data.deadline`` a member may carry: 9999-12-31T23:59:59Z in Unix seconds.
 
-SPEC §2.1 only asks for a JSON integer > 0; this bound is a claimkit addition shared by the
+docs/protocol.md#envelope only asks for a JSON integer > 0; this bound is a claimkit addition shared by the
 producer and the consumer. A larger deadline cannot be a real one, does not fit Redis's
 ``PXAT`` (the producer's ``SET request-active:<id>`` failed after its ``ZADD`` had already
 run in the same MULTI/EXEC), and a very large one overflows a float. Such a member is
@@ -44,7 +44,7 @@ DEADLINE_RANGE_MESSAGE = (
     f"Failed: deadline is out of range: at most {MAX_DEADLINE} Unix seconds (9999-12-31T23:59:59Z)."
 )
 """``error_message`` of the ``INVALID_REQUEST`` record of a member whose ``data.deadline``
-is an integer above :data:`MAX_DEADLINE` (SPEC §2.3: "another precise reason")."""
+is an integer above :data:`MAX_DEADLINE` (docs/protocol.md#terminal-record: "another precise reason")."""
 
 LAST_RESPONSE_FIELD = "claimkit_last_response"
 """The ``internal`` field of a retry member that carries the last HTTP response of the
@@ -96,7 +96,7 @@ _decoder = msgspec.json.Decoder(_Wire)
 
 
 class ErrorCode:
-    """``error_code`` values of non-HTTP terminal records (SPEC §2.3)."""
+    """``error_code`` values of non-HTTP terminal records (docs/protocol.md#terminal-record)."""
 
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     CANCELLED = "CANCELLED"
@@ -109,7 +109,7 @@ class ErrorCode:
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """A valid pending member, parsed (SPEC §2.1).
+    """A valid pending member, parsed (docs/protocol.md#envelope).
 
     Attributes:
         raw: the member's exact bytes as stored in Redis; what every script moves.
@@ -136,7 +136,7 @@ class Envelope:
 
 @dataclass(frozen=True, slots=True)
 class Invalid:
-    """A member that cannot be served (SPEC §3.1): it is dead-lettered.
+    """A member that cannot be served (docs/protocol.md#peek): it is dead-lettered.
 
     Attributes:
         raw: the exact member bytes.
@@ -204,7 +204,7 @@ def parse_member(raw: bytes) -> Envelope | Invalid:
         :data:`MAX_DEADLINE`, else ``"Failed: invalid request: <msgspec's message, which
         ends with the JSON path>"`` or ``"Failed: request is not valid JSON: ..."``.
         Never raises. The producer (:class:`claimkit.Producer`) refuses a request whose
-        member this would not return as an :class:`Envelope` (SPEC §2.2).
+        member this would not return as an :class:`Envelope` (docs/protocol.md#producer).
     """
     try:
         wire = _decoder.decode(raw)
@@ -276,7 +276,7 @@ def retry_member(raw: bytes, queue: str, last: TerminalRecord | None = None) -> 
 
 @dataclass(frozen=True, slots=True)
 class TerminalRecord:
-    """One element of a result list (SPEC §2.3).
+    """One element of a result list (docs/protocol.md#terminal-record).
 
     ``payload`` is always a string: the raw HTTP body, or ``{"error":"<message>"}`` for a
     non-HTTP outcome. ``status_code`` is ``None`` when no HTTP response was had.
@@ -302,7 +302,8 @@ class TerminalRecord:
         )
 
     def to_json(self) -> bytes:
-        """Serialise with the fields in SPEC order, omitting absent ones."""
+        """Serialise with the fields in the documented order (docs/protocol.md#terminal-record), omitting
+        absent ones."""
         out: dict[str, Any] = {"id": self.id}
         if self.status_code is not None:
             out["status_code"] = self.status_code

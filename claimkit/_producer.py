@@ -1,4 +1,4 @@
-"""The producer side (SPEC §2.2): submit, cancel and read results."""
+"""The producer side (docs/protocol.md#producer): submit, cancel and read results."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ if TYPE_CHECKING:
 
 __all__ = ["CANCEL_TTL_SECONDS", "Producer", "SubmitError"]
 
-CANCEL_TTL_SECONDS = 604800  # 7 days (SPEC §1, request-cancel:<id>)
+CANCEL_TTL_SECONDS = 604800  # 7 days (docs/protocol.md#keys, request-cancel:<id>)
 
 
 class SubmitError(ValueError):
-    """A producer call was refused before anything was written (SPEC §2.2).
+    """A producer call was refused before anything was written (docs/protocol.md#producer).
 
-    ``str(err)`` is one line saying what is wrong: one of SPEC §2.2's messages ("request ID
+    ``str(err)`` is one line saying what is wrong: one of docs/protocol.md#producer's messages ("request ID
     is required", "deadline is required", "deadline has already expired"), a more precise
     one about ``deadline`` or the request's shape, or the consumer's own parser's reason
     (:func:`claimkit._models.parse_member`, without its ``"Failed: "``), which names the
@@ -123,7 +123,7 @@ class Producer:
 
     @staticmethod
     def _check(data: Mapping[str, Any], now: float) -> tuple[str, int]:
-        """SPEC §2.2's checks of ``data``, with its messages, and the deadline's type and
+        """docs/protocol.md#producer's checks of ``data``, with its messages, and the deadline's type and
         range (:data:`~claimkit._models.MAX_DEADLINE`) said precisely."""
         rid = data.get("id")
         if not isinstance(rid, str) or not rid:
@@ -169,7 +169,7 @@ class Producer:
         return parsed.id, parsed.deadline, member
 
     async def submit_many(self, requests: Iterable[Mapping[str, Any]]) -> list[str]:
-        """Submit requests atomically, all or none, in one MULTI/EXEC (SPEC §2.2).
+        """Submit requests atomically, all or none, in one MULTI/EXEC (docs/protocol.md#producer).
 
         Each request is an envelope (it has ``data``) or a bare ``data`` object, with
         ``id`` (non-empty string) and ``deadline`` (JSON integer, Unix seconds, in the
@@ -225,13 +225,13 @@ class Producer:
         return (await self.submit_many([request]))[0]
 
     async def cancel(self, request_id: str) -> bool:
-        """Cancel a request (SPEC §2.2): if ``request-active:<id>`` holds the token of a live
+        """Cancel a request (docs/protocol.md#producer): if ``request-active:<id>`` holds the token of a live
         generation, copy it to ``request-cancel:<id>`` with a 7-day TTL
         (:data:`CANCEL_TTL_SECONDS`). The consumer then ends it with a ``CANCELLED`` record
         when it next claims it; a request already being run is not interrupted.
 
         A generation whose terminal record was already pushed (``result-terminal:<id>``
-        holds its token, SPEC §1) is finished: nothing is written. So is an unknown id or
+        holds its token, docs/protocol.md#keys) is finished: nothing is written. So is an unknown id or
         one past its deadline (``request-active:<id>`` has expired).
 
         Returns:

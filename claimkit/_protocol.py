@@ -1,4 +1,4 @@
-"""The claim protocol's batched operations on one queue (SPEC §3), over a :class:`Store`.
+"""The claim protocol's batched operations on one queue (docs/protocol.md#claim-protocol), over a :class:`Store`.
 
 Each method is one Lua script call per chunk of at most :data:`CHUNK` items (a chunk keeps a
 single script well under ~5 ms of Redis time), never a round trip per request. Lease maths
@@ -65,10 +65,10 @@ _EARLIEST_STAMP = 1_600_000_000.0
 
 
 def new_token(now: float | None = None) -> str:
-    """A fresh ownership token (SPEC §1): a UUIDv7 (RFC 9562) as 32 lower-case hex chars.
+    """A fresh ownership token (docs/protocol.md#keys): a UUIDv7 (RFC 9562) as 32 lower-case hex chars.
 
     48 bits of Unix time in milliseconds, the version (7) and variant bits, a tag byte
-    (:data:`_TOKEN_TAG`) and 66 random bits, so it stays unguessable (SPEC §1 asks at least
+    (:data:`_TOKEN_TAG`) and 66 random bits, so it stays unguessable (docs/protocol.md#keys asks at least
     64 random bits) and also says when the claim was taken: :func:`token_time` reads it
     back for ``claimkit inspect``. Fencing compares tokens for equality only; the time in
     a token never decides anything.
@@ -107,7 +107,7 @@ class ClaimCode:
 
 @dataclass(frozen=True, slots=True)
 class AckItem:
-    """One terminal record to ack (SPEC §3.4)."""
+    """One terminal record to ack (docs/protocol.md#ack)."""
 
     id: str
     token: str
@@ -179,14 +179,14 @@ class QueueOps:
     Args:
         store: where the queue lives.
         queue: the pending ZSET's name ``<q>``.
-        result_list: the queue's configured ``result_queue_name`` or ``None`` (SPEC §2.3:
+        result_list: the queue's configured ``result_queue_name`` or ``None`` (docs/protocol.md#terminal-record:
             then the member's ``internal.result_queue_name``, then ``default_result_list``).
         default_result_list: the global ``result_queue_name``.
         dedup_ttl: ``result_dedup_ttl_seconds``, whole seconds, 0 = markers never expire.
 
     Every method raises :class:`~claimkit._store.StoreUnavailable` or
     :class:`~claimkit._store.StoreError` as the store does. A chunk that raised may or may
-    not have been applied; every script is safe to run again (SPEC §3).
+    not have been applied; every script is safe to run again (docs/protocol.md#claim-protocol).
     """
 
     def __init__(
@@ -207,7 +207,7 @@ class QueueOps:
         self._orphan_scan = _OrphanScan()
 
     def result_list_for(self, member_result_list: str | None) -> str:
-        """The destination list of a request's record (SPEC §2.3)."""
+        """The destination list of a request's record (docs/protocol.md#terminal-record)."""
         return self.result_list or member_result_list or self.default_result_list
 
     @property
@@ -216,7 +216,7 @@ class QueueOps:
         queue's list, else the global one (the scripts check the type as they push)."""
         return self.result_list or self.default_result_list
 
-    # -- §3.1 peek ---------------------------------------------------------------------------
+    # -- docs/protocol.md#peek peek ---------------------------------------------------------------------------
 
     async def peek(self, count: int) -> list[bytes]:
         """Up to ``count`` pending members, earliest deadline first; nothing is removed."""
@@ -250,7 +250,7 @@ class QueueOps:
             pushed += sum(_int(v) for v in reply[1::2])
         return moved, pushed
 
-    # -- §3.2 claim --------------------------------------------------------------------------
+    # -- docs/protocol.md#claim claim --------------------------------------------------------------------------
 
     async def claim(
         self, candidates: Sequence[tuple[Envelope, str]], lease_ttl: float
@@ -275,12 +275,12 @@ class QueueOps:
         k = self.keys
         return [k.pending, k.claimed, k.owners, k.index]
 
-    # -- §3.3 renew --------------------------------------------------------------------------
+    # -- docs/protocol.md#heartbeat renew --------------------------------------------------------------------------
 
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
     ) -> tuple[float, list[int]]:
-        """Renew ``(id, token, deadline)`` claims, fenced by token (SPEC §3.3).
+        """Renew ``(id, token, deadline)`` claims, fenced by token (docs/protocol.md#heartbeat).
 
         One round trip: a pipeline of one ``lua/renew-2.lua`` call per :data:`RENEW_CHUNK`
         claims, so no single script holds Redis for long. Renewing is idempotent, so a call
@@ -311,7 +311,7 @@ class QueueOps:
             codes += [_int(v) for v in reply[1:]]
         return now, codes
 
-    # -- §3.4 ack ----------------------------------------------------------------------------
+    # -- docs/protocol.md#ack ack ----------------------------------------------------------------------------
 
     async def ack(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]:
         """Push each record once and drop its claim. Returns ``(pushed, owned)`` per item:
@@ -340,7 +340,7 @@ class QueueOps:
             ]
         return out
 
-    # -- §3.5 park ---------------------------------------------------------------------------
+    # -- docs/protocol.md#park-for-retry park ---------------------------------------------------------------------------
 
     async def park(
         self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
@@ -361,7 +361,7 @@ class QueueOps:
             codes += [_int(v) for v in reply[1:]]
         return now, codes
 
-    # -- §3.6 release ------------------------------------------------------------------------
+    # -- docs/protocol.md#release-and-sweep release ------------------------------------------------------------------------
 
     async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[int]:
         """Hand ``(id, token, expected_expiry)`` claims back to pending at their original
@@ -377,7 +377,7 @@ class QueueOps:
             codes += [_int(v) for v in reply]
         return codes
 
-    # -- §3.7 reclaim ------------------------------------------------------------------------
+    # -- docs/protocol.md#reclaim reclaim ------------------------------------------------------------------------
 
     async def reclaim_pass(
         self, limit: int, max_deliveries: int, *, scan_count: int = ORPHAN_SCAN_COUNT
@@ -454,7 +454,7 @@ class QueueOps:
 
 
 async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
-    """The retry mover (SPEC §3.5): move every due retry member back to its queue at score =
+    """The retry mover (docs/protocol.md#park-for-retry): move every due retry member back to its queue at score =
     deadline, ``limit`` per script call, until none is due. Returns ``(moved, dead)``:
     members that could not be routed go to ``<retry_set>:dead``."""
     if limit < 1:

@@ -109,7 +109,7 @@ class RedispyStore:
 
     Cancellation: cancelling the trio task cancels the asyncio task; redis-py then drops
     the connection it was using (a reply may be half read), so the next call gets a fresh
-    one. Whether Redis ran the command is unknown, as with any store (SPEC §3).
+    one. Whether Redis ran the command is unknown, as with any store (docs/protocol.md#claim-protocol).
     """
 
     def __init__(self, client: Any, loop: Any, modules: _Modules, url: str) -> None:

@@ -1,4 +1,4 @@
--- Include: push a terminal record once per request generation (SPEC §3.4).
+-- Include: push a terminal record once per request generation (docs/protocol.md#ack).
 --
 -- The record is pushed when the marker is absent, or when it holds a different
 -- non-"1" token than this request's non-empty token (a newer generation of a reused id).
@@ -9,7 +9,7 @@
 -- fallback_key: the list used instead when result_key cannot take the record.
 -- Returns 1 when pushed, 0 when suppressed as a duplicate.
 --
--- A member's internal.result_queue_name may name any key (SPEC §2.3). One that holds
+-- A member's internal.result_queue_name may name any key (docs/protocol.md#terminal-record). One that holds
 -- another type would fail the LPUSH after earlier writes of the same script (a script is
 -- not rolled back): the record goes to fallback_key instead. So does one aimed at its own
 -- marker key (the SET below would overwrite the list) or at one of the calling script's

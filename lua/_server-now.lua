@@ -1,5 +1,5 @@
 -- Include: the Redis server clock as Unix seconds (float). Every lease and due time in
--- claimkit is read from here, never from a worker's clock (SPEC §1).
+-- claimkit is read from here, never from a worker's clock (docs/protocol.md#keys).
 local function server_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000

@@ -1,5 +1,5 @@
 --[[
-  Ack: push each terminal record once and drop its claim, in one step (SPEC §3.4).
+  Ack: push each terminal record once and drop its claim, in one step (docs/protocol.md#ack).
 
   A record is pushed (under the generation-aware dedup marker) only together with the
   removal of the request's one live copy, so a request is never both recorded and still

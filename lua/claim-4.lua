@@ -1,5 +1,5 @@
 --[[
-  Claim a batch of peeked members under a lease (SPEC §3.2).
+  Claim a batch of peeked members under a lease (docs/protocol.md#claim).
 
   For each candidate: if it is no longer pending, another consumer won (lost). If the id
   already has a claim (or its fields would collide with one: ids "x" and "x:score" share
@@ -25,7 +25,7 @@
       gen_token    internal.request_token or ""
 
   Output: { server_now (string, Unix seconds), code_1, ..., code_n } where code is
-    1 claimed, 2 claimed and found cancelled (§1 request-cancel), 0 lost to another
+    1 claimed, 2 claimed and found cancelled (docs/protocol.md#keys request-cancel), 0 lost to another
     consumer (or no longer pending), 3 busy (the id has a live claim; left pending).
 ]]
 -- @include _server-now

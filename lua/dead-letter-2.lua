@@ -1,5 +1,5 @@
 --[[
-  Dead-letter malformed pending members (SPEC §3.1): nothing is ever silently dropped.
+  Dead-letter malformed pending members (docs/protocol.md#peek): nothing is ever silently dropped.
 
   Each member is moved by its exact bytes from pending to the dead set; when an id could be
   read, an INVALID_REQUEST record is pushed once per generation.

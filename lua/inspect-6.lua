@@ -1,5 +1,5 @@
 --[[
-  Inspect: a consistent, read-only snapshot of one queue's keys (claimkit inspect, SPEC §8).
+  Inspect: a consistent, read-only snapshot of one queue's keys (claimkit inspect, docs/cli.md).
 
   Nothing is written: the script only reads, so all counts and rows describe one instant
   of the Redis server clock. Rows are the claims with the earliest lease expiry first

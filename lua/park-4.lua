@@ -1,5 +1,5 @@
 --[[
-  Park for retry: move claims to the retry set, fenced by token (SPEC §3.5).
+  Park for retry: move claims to the retry set, fenced by token (docs/protocol.md#park-for-retry).
 
   The retry set becomes the request's only home: the claim is deleted in the same step.
 

@@ -1,5 +1,5 @@
 --[[
-  Reclaim: redeliver claims whose lease expired by server time (SPEC §3.7).
+  Reclaim: redeliver claims whose lease expired by server time (docs/protocol.md#reclaim).
 
   Takes up to `limit` expired claims. Each goes back to pending at its original score with
   its delivery count incremented; one whose count reaches max_deliveries goes to the dead

@@ -1,13 +1,13 @@
 --[[
   Requeue dead letters: move members from the dead set back to pending (claimkit dead
-  requeue, SPEC §1 <q>:dead, §3.7).
+  requeue, docs/protocol.md#keys <q>:dead, docs/protocol.md#reclaim).
 
   Each member goes back by its exact bytes at score = its data.deadline, and its delivery
   count is reset. A member whose JSON cannot be read or that has no positive numeric
   data.deadline stays dead. Unless keep_marker is "1", the request's dedup marker
   (result-terminal:<id>) is deleted when it belongs to this member's generation (holds its
   internal.request_token, or "1" when it has none), so the rerun's terminal record is
-  delivered instead of being suppressed as a duplicate (SPEC §3.4).
+  delivered instead of being suppressed as a duplicate (docs/protocol.md#ack).
 
   Input:
     KEYS[1] dead ZSET              <q>:dead
