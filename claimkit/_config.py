@@ -271,12 +271,14 @@ def _secret_file(where: str, path: Any) -> str:
 def _with_password(url: str, env: Mapping[str, str]) -> str:
     """``url`` with the password of ``$REDIS_PASSWORD_FILE`` or ``$REDIS_PASSWORD`` put in,
     when it has none of its own (the URL's own password wins; its user name is kept)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix" or has_password(url):
+        return url  # the file is not even read: a command that needs no password must not fail
     if env.get("REDIS_PASSWORD_FILE"):
         password = _secret_file("$REDIS_PASSWORD_FILE", env["REDIS_PASSWORD_FILE"])
     else:
         password = env.get("REDIS_PASSWORD") or ""
-    parts = urlsplit(url)
-    if not password or parts.scheme == "unix" or has_password(url):
+    if not password:
         return url
     user = parts.username or ""
     host = parts.netloc.rpartition("@")[2]

@@ -39,7 +39,7 @@ from ._inspect import WrongKeyType, first_wrong_type
 from ._metrics import Metrics, QueueMetrics
 from ._models import Envelope, ErrorCode, Invalid, TerminalRecord, parse_member, retry_member
 from ._protocol import AckItem, ClaimCode, QueueOps, move_retries, new_token
-from ._store import StoreError, StoreUnavailable
+from ._store import StoreError, StorePermissionError, StoreUnavailable
 
 if TYPE_CHECKING:
     from ._config import Config, QueueConfig
@@ -322,7 +322,8 @@ class Consumer:
             [q.queue_name for q in config.queues], config.retry_queue_name
         )
         self._key_roles = key_roles(config)
-        self._fatal: WrongKeyType | None = None  # a key found of another type: stop
+        # a key found of another type, or an ACL refusal: stop (see _wrong_key_type)
+        self._fatal: WrongKeyType | StorePermissionError | None = None
         self._given_up = 0  # claims dropped unreleased after Redis refused their ack
 
     # -- public ------------------------------------------------------------------------------
@@ -526,16 +527,28 @@ class Consumer:
         self._redis_ok = False
 
     async def _wrong_key_type(self, exc: Exception) -> bool:
-        """After Redis refused a call with ``exc``: whether a key the consumer uses
-        (:func:`key_roles`) now holds another type. Retrying cannot mend that (each lease
-        would run the same requests again and fail the same way), so the consumer stops as
-        if asked to and :meth:`run` raises the one-line :class:`WrongKeyType`.
+        """After Redis refused a call with ``exc``: whether retrying cannot mend it, so the
+        consumer stops as if asked to and :meth:`run` raises the one-line error.
+
+        Two refusals are of that kind:
+
+        - an ACL refusal (:class:`~claimkit._store.StorePermissionError`, ``NOPERM``): the
+          user may not run a command or touch a key the consumer needs; every retry would
+          be refused the same way, with claims renewed and never finished. The line names
+          the user, the command and the key (docs/security.md).
+        - a key the consumer uses (:func:`key_roles`) now holding another type: each lease
+          would run the same requests again and fail the same way.
 
         Only a WRONGTYPE refusal is looked into (one pipeline of ``TYPE`` calls): out of
         memory, READONLY or a lost connection say nothing about key types, and checking on
-        each of them would load a Redis already in trouble. ``False`` when ``exc`` is not a
-        WRONGTYPE refusal, every key is right, or the check itself failed."""
+        each of them would load a Redis already in trouble. ``False`` when ``exc`` is
+        neither, every key is right, or the check itself failed."""
         if self._fatal is not None:
+            return True
+        if isinstance(exc, StorePermissionError):
+            self._fatal = exc
+            log.error("claimkit: Redis refused a command under its ACL: %s; stopping", exc)
+            self.request_stop()
             return True
         if not isinstance(exc, StoreError) or not _is_wrongtype(exc):
             return False

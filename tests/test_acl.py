@@ -414,3 +414,34 @@ def test_a_refused_multi_writes_nothing_on_either_backend(
     acl_redis.setuser("nomulti", "resetkeys -@all +exec +set +get +zadd +del +time +type ~*")
     trio.run(main)
     assert state(acl_redis.admin) == {}
+
+
+def test_serve_stops_on_an_acl_refusal_instead_of_retrying_for_ever(
+    acl_redis: AclRedis, tmp_path: Path
+) -> None:
+    """A consumer user that may not run scripts: the first claim is refused. Retrying cannot
+    mend an ACL, so serve stops with the one line naming the user and the command, exit 1,
+    and the request stays pending byte for byte."""
+    conf = config()
+    rule = rules_for(conf)["consumer"] + " -evalsha -eval"
+    acl_redis.setuser("narrow", rule)
+    assert submit(acl_redis.admin, "r1").returncode == 0
+    before = redis(acl_redis.admin, lambda s: s.command("ZRANGE", Q, 0, -1, "WITHSCORES"))
+    log = tmp_path / "serve.log"
+    proc = serve(acl_redis.user_url("narrow"), conf, log)
+    try:
+        assert proc.wait(60) == 1, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    lines = log.read_text().splitlines()
+    final = lines[-1]
+    assert final.startswith(
+        f"claimkit: Redis at redis://narrow:***@127.0.0.1:{acl_redis.port}/0 refused a command "
+        "under its ACL: user 'narrow' may not run EVALSHA"
+    ), lines
+    assert sum("refused a command under its ACL" in line and "stopping" in line for line in lines)
+    after = redis(acl_redis.admin, lambda s: s.command("ZRANGE", Q, 0, -1, "WITHSCORES"))
+    assert after == before
+    assert redis(acl_redis.admin, lambda s: s.command("HLEN", f"{Q}:claim-owners")) == 0
