@@ -410,6 +410,9 @@ def acl(
         url="redis://claimkit-acl.invalid",
     )
     roles = role or list(ROLES)
+    unknown = [name for name in roles if name not in ROLES]
+    if unknown:  # before any rule is printed: a usage mistake prints nothing else
+        usage_error(f"unknown --role {unknown[0]!r}: choose from {', '.join(ROLES)}")
     for name in roles:
         try:
             rule = acl_rule(config, name, queues=queue or (), extra_lists=result_list or ())
@@ -419,10 +422,10 @@ def acl(
 
 
 def _register_operator_commands() -> None:
-    try:
-        from ._cli_ops import register
-    except ImportError:  # pragma: no cover - only while the operator commands are absent
-        return
+    # The operator commands register after serve, submit and the rest, so they are listed
+    # last. An ImportError here is a packaging bug: it must surface, not hide five commands.
+    from ._cli_ops import register
+
     register(app)
 
 

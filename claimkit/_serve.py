@@ -194,12 +194,12 @@ async def _serve(
             raise ConfigError(_bind_error_line(exc, config)) from exc
         try:
             log.info(
-                "claimkit: serving %s on %s (metrics %s, health %s, on %s)",
+                "claimkit: serving %s on %s (metrics %s, health %s%s)",
                 ", ".join(q.queue_name for q in config.queues),
                 store.url,
                 bound.get("metrics", "off"),
                 bound.get("health", "off"),
-                config.http_host,
+                f", on {config.http_host}" if bound else "",
             )
             async with trio.open_nursery() as nursery:
                 await nursery.start(_signals, consumer, early)

@@ -67,6 +67,7 @@ CASES: list[tuple[list[str], int]] = [
     (["dead", "purge", "-q", "empty", "--all"], 0),
     (["dead", "requeue", "-q", Q, "d1"], 0),
     (["submit", "-q", Q, '{"id":"s1","deadline":4102444800}'], 0),
+    (["acl", "--role", "producer", "--rule-only"], 0),
     # 1: not done, or not all of it
     (["cancel", "nobody"], 1),
     (["cancel", "r1", "nobody"], 1),
@@ -96,6 +97,7 @@ CASES: list[tuple[list[str], int]] = [
     (["serve", "--store", "nope", "--transport-config", "{cfg}"], 2),
     (["serve", "--log-level", "LOUD", "--transport-config", "{cfg}"], 2),
     (["sim", "--rate-429", "2"], 2),
+    (["acl", "--role", "consumer", "--role", "nope"], 2),
     (["inspect", "-q", Q, "--transport-config", "{cfg}", "--transport-config-file", "x"], 2),
     ([], 2),
 ]
@@ -165,3 +167,12 @@ def test_the_console_script_exits_by_the_convention(redis_url: str) -> None:
     assert err.startswith("claimkit: --follow removes each record it prints")
     assert status("results", "--no-such-option")[0] == 2
     assert do(redis_url, ("LLEN", "result-list"))[0] == 1  # nothing was popped
+
+
+def test_an_unknown_acl_role_prints_no_rule() -> None:
+    """The whole command line is checked first: no rule for the good role, then the line."""
+    result = runner.invoke(app, ["acl", "--role", "consumer", "--role", "nope"])
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        "claimkit: unknown --role 'nope': choose from consumer, producer, operator\n"
+    )

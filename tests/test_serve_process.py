@@ -336,6 +336,11 @@ def test_a_redis_restart_is_logged_in_lines_not_tracebacks(
         text = log.read_text()
         assert "Traceback" not in text, text
         assert all(line[:4].isdigit() for line in text.splitlines()), text  # only log lines
+        # Both HTTP servers are off: the start line names no bind address.
+        started = [line for line in text.splitlines() if "claimkit: serving " in line]
+        assert [line.split(" INFO ", 1)[1] for line in started] == [
+            f"claimkit: serving {Q} on {server.url} (metrics off, health off)"
+        ]
     finally:
         if proc.poll() is None:
             proc.kill()
