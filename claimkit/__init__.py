@@ -1,7 +1,7 @@
 """claimkit: a durable peek -> claim -> ack consumer for Redis sorted-set LLM inference queues.
 
-The contract is described in docs/ (docs/README.md); the public names are re-exported here
-explicitly.
+The contract is described in docs/ (start at docs/README.md); the public names are
+re-exported here explicitly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What every ``claimkit`` command shares: the config options (docs/configuration.md) and one-line errors.
+"""What every command shares: the config options (docs/configuration.md) and one-line errors.
 
 Commands parse their options, then call :func:`run` with an async function. Operator
 mistakes (bad config, unknown queue, Redis unreachable, wrong key type) end as one line on

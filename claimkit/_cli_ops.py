@@ -403,7 +403,8 @@ def drain(
             await check_key_types(store, target.key_types())
             if dry_run:
                 # The table: one bounded read. The count: batched reads like a real drain's,
-                # never one script call over every claim (docs/protocol.md#claim-protocol: a few ms per script).
+                # never one script call over every claim (a few ms per script,
+                # docs/protocol.md#claim-protocol).
                 snap = await snapshot(
                     store,
                     queue,

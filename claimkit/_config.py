@@ -1,4 +1,6 @@
-"""Configuration (docs/configuration.md): the llm-d-async ``redis-sortedset`` transport JSON plus flags.
+"""Configuration: the llm-d-async ``redis-sortedset`` transport JSON plus flags.
+
+Every field and flag: docs/configuration.md.
 
 The JSON comes inline (``--transport-config``) or from a file (``--transport-config-file``);
 a flag applies only where the JSON does not set the field. The Redis URL is the JSON's
@@ -97,7 +99,8 @@ class Config:
         raise ConfigError(f"unknown queue {name!r} (configured: {known})")
 
 
-# Numeric fields: (type, default). 0 means the default (docs/configuration.md), except max_deliveries.
+# Numeric fields: (type, default). 0 means the default (docs/configuration.md), except
+# max_deliveries.
 _NUMERIC: dict[str, tuple[type, float]] = {
     "poll_interval_ms": (int, 1000),
     "batch_size": (int, 10),
@@ -113,8 +116,9 @@ _NUMERIC: dict[str, tuple[type, float]] = {
     "http_idle_timeout_seconds": (float, 5.0),
     "http_max_connections": (int, 512),
 }
-# docs/configuration.md says 0 means the default, but three fields give 0 a meaning of its own: unlimited
-# deliveries (docs/protocol.md#reclaim), a dedup marker with no TTL (docs/protocol.md#keys), a server turned off (docs/configuration.md).
+# docs/configuration.md says 0 means the default, but three fields give 0 a meaning of its
+# own: unlimited deliveries (docs/protocol.md#reclaim), a dedup marker with no TTL
+# (docs/protocol.md#keys), a server turned off (docs/configuration.md).
 _ZERO_IS_ZERO = {"max_deliveries", "result_dedup_ttl_seconds", "metrics_port", "health_port"}
 _PORTS = {"metrics_port", "health_port"}
 

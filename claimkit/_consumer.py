@@ -1,6 +1,7 @@
-"""``claimkit serve``: the durable consumer's tasks in one trio nursery (docs/protocol.md#claim-protocol, docs/protocol.md#tasks-and-shutdown).
+"""``claimkit serve``: the durable consumer's tasks in one trio nursery.
 
-Inside :meth:`Consumer.run` run, scoped together:
+Inside :meth:`Consumer.run` run, scoped together (docs/protocol.md#claim-protocol,
+docs/protocol.md#tasks-and-shutdown):
 
 - a **poller** per queue: peek -> validate (dead-letter what is malformed) -> gate -> claim;
   each claimed request starts a **worker** task (at most ``concurrency`` at once);
@@ -8,12 +9,13 @@ Inside :meth:`Consumer.run` run, scoped together:
   one script call (docs/protocol.md#ack, docs/protocol.md#park-for-retry);
 - the **heartbeater**: renews every held claim each ``clamp(ttl/3, 1, 30)`` seconds and
   cancels the work of any claim found stolen or gone (docs/protocol.md#heartbeat);
-- the **reclaimer** (docs/protocol.md#reclaim) and the **retry mover** (docs/protocol.md#park-for-retry).
+- the **reclaimer** (docs/protocol.md#reclaim) and the **retry mover**
+  (docs/protocol.md#retry-mover).
 
-Shutdown (docs/protocol.md#tasks-and-shutdown) runs in phases: stop claiming; give in-flight work ``drain_timeout``
-seconds; cancel it; flush the acker; then the **sweep** hands every claim still held back
-to pending, shielded under its own deadline. Redis going away never ends the process: each
-task retries with backoff and carries on.
+Shutdown (docs/protocol.md#tasks-and-shutdown) runs in phases: stop claiming; give in-flight
+work ``drain_timeout`` seconds; cancel it; flush the acker; then the **sweep** hands every
+claim still held back to pending, shielded under its own deadline. Redis going away never
+ends the process: each task retries with backoff and carries on.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ __all__ = ["Consumer", "Handler", "KeyRole", "QueueRuntime", "Summary", "check_k
 log = logging.getLogger("claimkit")
 
 SWEEP_TIMEOUT_SECONDS = 10.0
-"""The shielded sweep's own deadline (docs/protocol.md#tasks-and-shutdown). Claims it cannot return lapse and are
-reclaimed by any instance (docs/protocol.md#reclaim): nothing is lost, only delayed."""
+"""The shielded sweep's own deadline (docs/protocol.md#tasks-and-shutdown). Claims it cannot
+return lapse and are reclaimed by any instance (docs/protocol.md#reclaim): nothing is lost,
+only delayed."""
 
 HURRY_SECONDS = 1.0
 """After a second SIGTERM/SIGINT, how long the remaining shutdown steps may still take."""
@@ -157,9 +160,9 @@ class QueueRuntime:
 
 @dataclass(frozen=True, slots=True)
 class KeyRole:
-    """What a key is to ``serve``: its Redis ``TYPE`` name (docs/protocol.md#keys) and a description for
-    one-line errors, with ``{}`` where the key's name goes (``"result list {} of queue
-    'q'"``)."""
+    """What a key is to ``serve``: its Redis ``TYPE`` name (docs/protocol.md#keys) and a
+    description for one-line errors, with ``{}`` where the key's name goes
+    (``"result list {} of queue 'q'"``)."""
 
     kind: str
     what: str
@@ -169,9 +172,9 @@ class KeyRole:
 
 
 def key_roles(config: Config) -> dict[str, KeyRole]:
-    """Every key ``serve`` uses whose Redis type the config tells (docs/protocol.md#keys), by name: each
-    queue's own keys, the retry set and its dead set, each queue's result list, the global
-    result list, and a ``redis`` gate's budget key. Per-request keys are not among them.
+    """Every key ``serve`` uses whose Redis type the config tells (docs/protocol.md#keys), by
+    name: each queue's own keys, the retry set and its dead set, each queue's result list, the
+    global result list, and a ``redis`` gate's budget key. Per-request keys are not among them.
 
     Raises:
         ConfigError: one name would have to be two types at once (a queue's result list
@@ -329,7 +332,8 @@ class Consumer:
     # -- public ------------------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Begin the graceful shutdown (docs/protocol.md#tasks-and-shutdown). A second call skips the drain wait."""
+        """Begin the graceful shutdown (docs/protocol.md#tasks-and-shutdown). A second call
+        skips the drain wait."""
         if self._stop.is_set():
             self._hurry.set()
         self._stop.set()
@@ -350,16 +354,18 @@ class Consumer:
     async def run(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> Summary:
-        """Consume until :meth:`request_stop` (or cancellation), then shut down (docs/protocol.md#tasks-and-shutdown).
+        """Consume until :meth:`request_stop` (or cancellation), then shut down
+        (docs/protocol.md#tasks-and-shutdown).
 
         Returns:
             The :class:`Summary` of this process.
 
         Raises:
             WrongKeyType: Redis refused a call and a key the consumer uses turned out to
-                hold another type than docs/protocol.md#keys says (one line naming it). Retrying cannot
-                mend that, so the consumer stopped (docs/protocol.md#tasks-and-shutdown: an unrecoverable error), with
-                the same shutdown and sweep as :meth:`request_stop`.
+                hold another type than the key layout says (docs/protocol.md#keys; one line
+                naming it). Retrying cannot mend that, so the consumer stopped (an
+                unrecoverable error, docs/protocol.md#tasks-and-shutdown), with the same
+                shutdown and sweep as :meth:`request_stop`.
 
         Cancellation: if the caller cancels instead of calling :meth:`request_stop`, the
         sweep still runs (shielded, ``SWEEP_TIMEOUT_SECONDS``) and returns every held claim.
@@ -375,8 +381,8 @@ class Consumer:
                 task_status.started()
                 await self._stop.wait()
                 await self._shutdown()
-                # Sweep before the nursery closes: a task that ignores cancellation keeps
-                # the nursery open, but must not keep its claim (docs/protocol.md#release-and-sweep).
+                # Sweep before the nursery closes: a task that ignores cancellation keeps the
+                # nursery open, but must not keep its claim (docs/protocol.md#release-and-sweep).
                 await self._within_budget(self._sweep)
                 nursery.cancel_scope.cancel()
         finally:
@@ -430,9 +436,9 @@ class Consumer:
         await self._within_budget(self._acker_done.wait)
 
     async def _within_budget(self, fn: Callable[[], Awaitable[object]]) -> None:
-        """Run a shutdown step shielded from cancellation, until it finishes or the
-        shutdown budget runs out: ``SWEEP_TIMEOUT_SECONDS`` from the first step, cut to
-        ``HURRY_SECONDS`` from the moment a second signal arrives (docs/protocol.md#tasks-and-shutdown)."""
+        """Run a shutdown step shielded from cancellation, until it finishes or the shutdown
+        budget runs out: ``SWEEP_TIMEOUT_SECONDS`` from the first step, cut to ``HURRY_SECONDS``
+        from the moment a second signal arrives (docs/protocol.md#tasks-and-shutdown)."""
         if self._budget_end is None:
             self._budget_end = trio.current_time() + SWEEP_TIMEOUT_SECONDS
         with trio.CancelScope(shield=True, deadline=self._budget_end) as scope:
@@ -447,7 +453,8 @@ class Consumer:
                 nursery.cancel_scope.cancel()
 
     async def _sweep(self) -> None:
-        """Hand every claim this process still holds back to pending (docs/protocol.md#release-and-sweep)."""
+        """Hand every claim this process still holds back to pending
+        (docs/protocol.md#release-and-sweep)."""
         self._swept = True
         for q in self.queues:
             items = list(q.held.items())
@@ -629,8 +636,8 @@ class Consumer:
         q.metrics.requests.inc(claimed)
         q.metrics.claim_depth.set(len(q.held))
         # One worker at a time, each entering its dispatch before the next is started, so a
-        # poll batch is dispatched in deadline order (docs/protocol.md#peek). With start_soon trio runs
-        # tasks started together in either order: half the batches went out reversed.
+        # poll batch is dispatched in deadline order (docs/protocol.md#peek). With start_soon
+        # trio runs tasks started together in either order: half the batches went out reversed.
         for i, (held, slot) in enumerate(batch):
             try:
                 await self._workers.start(self._work, q, held, slot)
@@ -645,11 +652,11 @@ class Consumer:
         return ClaimCode.BUSY in codes and claimed == 0
 
     def _misrouted(self, q: QueueRuntime, parsed: Envelope | Invalid) -> Envelope | Invalid:
-        """Keep records off keys claimkit uses for other things (docs/protocol.md#terminal-record lets
-        ``internal.result_queue_name`` name any key; pushing a record onto an empty queue
-        key would re-create it as a list and break it for every request). Such a request
-        is dead-lettered; its record, and that of an invalid member naming such a key, goes
-        to the queue's or the global list."""
+        """Keep records off keys claimkit uses for other things (``internal.result_queue_name``
+        may name any key, docs/protocol.md#terminal-record; pushing a record onto an empty
+        queue key would re-create it as a list and break it for every request). Such a
+        request is dead-lettered; its record, and that of an invalid member naming such a
+        key, goes to the queue's or the global list."""
         name = parsed.result_queue_name
         if q.ops.result_list is not None or not name or not _keys.is_reserved(name, self._reserved):
             return parsed
@@ -711,7 +718,7 @@ class Consumer:
                         q.metrics.latency_ms.observe((time.perf_counter() - started) * 1000)
             held.scope = None
             if outcome is None or held.lost:
-                return  # stolen or gone: its result would be a duplicate (docs/protocol.md#heartbeat)
+                return  # stolen or gone: a result would be a duplicate (docs/protocol.md#heartbeat)
             job = _Job(q, held)
             if isinstance(outcome, Retry):
                 job.retry_delay, job.retry_last = outcome.delay, outcome.last
@@ -921,7 +928,7 @@ class Consumer:
         q.metrics.claim_depth.set(len(q.held))
 
     def _drop_lost(self, q: QueueRuntime, h: _Held, *, taken_over: bool) -> None:
-        """Forget a claim that is no longer ours and cancel its work (docs/protocol.md#heartbeat)."""
+        """Forget a claim no longer ours and cancel its work (docs/protocol.md#heartbeat)."""
         h.lost = True
         if q.held.get(h.env.id) is h:
             del q.held[h.env.id]

@@ -1,9 +1,10 @@
-"""Dead letters of a queue (``<q>:dead``, docs/protocol.md#keys): list, requeue, purge (``claimkit dead``).
+"""Dead letters of a queue (``<q>:dead``): list, requeue, purge (``claimkit dead``).
 
-A member lands in ``<q>:dead`` when it cannot be parsed (docs/protocol.md#peek) or its lease expired
-``max_deliveries`` times without an ack (docs/protocol.md#reclaim); its score is the server time it died.
-The member bytes are kept, so a dead letter can be put back exactly as the producer wrote
-it, and the cause of its death found again (:meth:`DeadLetter.cause_of_death`).
+A member lands in ``<q>:dead`` (docs/protocol.md#keys) when it cannot be parsed
+(docs/protocol.md#peek) or its lease expired ``max_deliveries`` times without an ack
+(docs/protocol.md#reclaim); its score is the server time it died. The member bytes are
+kept, so a dead letter can be put back exactly as the producer wrote it, and the cause of
+its death found again (:meth:`DeadLetter.cause_of_death`).
 
 Requeue moves only members the consumer would accept (:func:`~claimkit._models.parse_member`
 returns an :class:`~claimkit._models.Envelope`); any other is refused with the consumer's
@@ -325,8 +326,8 @@ async def requeue_dead(
     is deleted when it belongs to that member's generation, so the rerun's terminal record
     reaches the result list. The request's earlier record (``MAX_DELIVERIES_EXCEEDED`` or
     ``INVALID_REQUEST``) is then followed by a second one: requeueing is an operator's
-    deliberate exception to "one record per generation" (docs/protocol.md#ack). With ``keep_marker``
-    the guarantee holds and the rerun's record is suppressed as a duplicate.
+    deliberate exception to "one record per generation" (docs/protocol.md#ack). With
+    ``keep_marker`` the guarantee holds and the rerun's record is suppressed as a duplicate.
 
     Args:
         store: an open store.

@@ -61,7 +61,7 @@ RETRY_SET = "retry-sortedset"  # the default retry_queue_name (docs/configuratio
 SIM_LATENCY = "0.2,0.6"  # seconds per answer, uniform: claims stay held a while
 LEASE_SECONDS = 3.0  # short, so A's orphaned claims come back within seconds
 RECLAIM_INTERVAL_MS = 500
-HEARTBEAT_SECONDS = max(1.0, LEASE_SECONDS / 3)  # what serve derives from the lease (docs/protocol.md#heartbeat)
+HEARTBEAT_SECONDS = max(1.0, LEASE_SECONDS / 3)  # as serve derives it (docs/protocol.md#heartbeat)
 CONCURRENCY = 16  # requests in flight per consumer
 POLL_INTERVAL_MS = 50
 DEADLINE_SECONDS = 600  # requests' deadline, from submission
@@ -311,8 +311,9 @@ async def _frozen_claims(watch: _Watch, at_kill: dict[str, tuple[str, float]]) -
     """The claims of ``at_kill`` that nobody touched for a heartbeat and a margin.
 
     That is how A's claims are told apart from B's: a live owner acks its claims or renews
-    them every heartbeat (docs/protocol.md#heartbeat), which moves their lease expiry; a dead owner's keep
-    token and expiry until the reclaimer redelivers them (those are caught by ``watch``).
+    them every heartbeat (docs/protocol.md#heartbeat), which moves their lease expiry; a
+    dead owner's keep token and expiry until the reclaimer redelivers them (those are caught
+    by ``watch``).
     """
     check_at = trio.current_time() + HEARTBEAT_SECONDS + 0.5
 

@@ -1,7 +1,8 @@
-"""Dispatch: one HTTP attempt of a claimed request against the inference gateway (docs/dispatch.md).
+"""Dispatch: one HTTP attempt of a claimed request against the inference gateway.
 
-claimkit retries a request by *parking* it in the retry set (docs/protocol.md#park-for-retry), never by looping
-here, so :func:`dispatch` makes exactly one attempt and returns what should happen next:
+claimkit retries a request by *parking* it in the retry set (docs/protocol.md#park-for-retry),
+never by looping here, so :func:`dispatch` makes exactly one attempt and returns what should
+happen next:
 
 - :class:`Done` — a terminal record is ready; the caller acks it (docs/protocol.md#ack).
 - :class:`Retry` — park the request for ``delay`` seconds (docs/protocol.md#park-for-retry).
@@ -86,7 +87,7 @@ _log = logging.getLogger("claimkit.dispatch")
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where one queue's requests go (from its docs/configuration.md config entry).
+    """Where one queue's requests go (from its config entry, docs/configuration.md).
 
     Attributes:
         base_url: the gateway base URL (``igw_base_url``); may carry a path prefix.
@@ -263,8 +264,9 @@ def _os_reason(exc: BaseException) -> str | None:
 
 
 def _describe(exc: Exception) -> str:
-    """A short, never empty, human reason for a failed send (the ``<err>`` of docs/protocol.md#terminal-record).
-    Timeouts already say which phase ran out and after how long (see :mod:`._http`)."""
+    """A short, never empty, human reason for a failed send (the ``<reason>`` of an
+    ``INFERENCE_ERROR`` record, docs/protocol.md#terminal-record). Timeouts already say which
+    phase ran out and after how long (see :mod:`._http`)."""
     text = str(exc).strip()
     errno_text = _os_reason(exc)
     if errno_text and errno_text not in text:

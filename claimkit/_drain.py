@@ -1,14 +1,16 @@
-"""Operator hand-back of every claim of a queue (``claimkit drain --release-all``, docs/protocol.md#release-and-sweep).
+"""Operator hand-back of every claim of a queue (``claimkit drain --release-all``).
 
-Each claim goes back to pending at its original score through the fenced release script
+Each claim goes back to pending (docs/protocol.md#release-and-sweep) at its original score
+through the fenced release script
 (:meth:`QueueOps.release <claimkit._protocol.QueueOps.release>`), with the owner token and
 the lease expiry read just before: a claim acked, released, reclaimed or renewed since it
-was read is left alone. Safe to run while consumers run, and safe to run twice: a second
-run finds nothing (or only claims taken since) to release.
+was read is left alone. Safe to run while consumers run, and safe to run twice: a second run
+finds nothing (or only claims taken since) to release.
 
 The consumer that held a released claim learns it at its next heartbeat (the claim is gone,
-docs/protocol.md#heartbeat) and cancels the work; if the work finishes first, its ack still pushes the one
-terminal record and withdraws the pending copy (docs/protocol.md#ack), so nothing runs to two records.
+docs/protocol.md#heartbeat) and cancels the work; if the work finishes first, its ack still
+pushes the one terminal record and withdraws the pending copy (docs/protocol.md#ack), so
+nothing runs to two records.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ async def drain_claims(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> DrainReport:
-    """Release every claim of ``queue`` back to pending, fenced per claim (docs/protocol.md#release-and-sweep).
+    """Release every claim of ``queue`` back to pending, fenced per claim
+    (docs/protocol.md#release-and-sweep).
 
     The claims are listed once; then, per batch of ``batch_size`` ids, one ``MULTI``
     reads their owner tokens (``HMGET``) and lease expiries (``ZMSCORE``) and one release

@@ -1,9 +1,9 @@
 """Read-only views of a queue for operators (``claimkit inspect``, docs/cli.md).
 
-:func:`snapshot` reads one queue's keys (docs/protocol.md#keys) with the read-only ``inspect`` script, so
-its counts and claim rows describe one instant of the Redis server clock, then the retry
-set and the result lists with one pipeline. Nothing is written and nothing scans the
-keyspace (no ``KEYS``/``SCAN``): every key read is named by the queue.
+:func:`snapshot` reads one queue's keys (docs/protocol.md#keys) with the read-only
+``inspect`` script, so its counts and claim rows describe one instant of the Redis server
+clock, then the retry set and the result lists with one pipeline. Nothing is written and
+nothing scans the keyspace (no ``KEYS``/``SCAN``): every key read is named by the queue.
 
 :func:`check_key_types` turns a key of the wrong Redis type (a ``--queue`` that names a
 string, say) into one :class:`WrongKeyType` line before any script meets it.
@@ -151,7 +151,7 @@ class ClaimRow:
 
     @property
     def ghost(self) -> bool:
-        """An index entry without an owner or a payload (docs/protocol.md#reclaim ghost)."""
+        """An index entry without an owner or a payload (a ghost, docs/protocol.md#reclaim)."""
         return self.owner is None or not self.has_payload
 
     def to_json(self) -> dict[str, Any]:
@@ -335,10 +335,11 @@ async def snapshot(
     limit: int = 50,
     first_seen: MutableMapping[tuple[str, str], float] | None = None,
 ) -> QueueSnapshot:
-    """Read one queue's state without changing it (docs/protocol.md#keys, docs/cli.md ``inspect``).
+    """Read one queue's state without changing it (``claimkit inspect``, docs/cli.md).
 
-    Two round trips: the read-only ``inspect`` script for the queue's own keys (one
-    consistent instant), then one pipeline for the retry set and the result lists.
+    Two round trips: the read-only ``inspect`` script for the queue's own keys
+    (docs/protocol.md#keys; one consistent instant), then one pipeline for the retry set and
+    the result lists.
 
     Args:
         store: an open store.

@@ -1,7 +1,8 @@
-"""Every Redis key name claimkit reads or writes (docs/protocol.md#keys). No other module builds a key.
+"""Every Redis key name claimkit reads or writes (docs/protocol.md#keys).
 
-A queue name may carry a Redis Cluster hash tag (``{tenant-a}:requests``); the derived
-per-queue keys below are suffixes of it, so they hash to the same slot.
+No other module builds a key. A queue name may carry a Redis Cluster hash tag
+(``{tenant-a}:requests``); the derived per-queue keys below are suffixes of it, so they hash
+to the same slot.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def request_active(request_id: str) -> str:
 
 
 def request_cancel(request_id: str) -> str:
-    """The cancel marker; a request is cancelled iff it holds its ``request_token`` (docs/protocol.md#keys)."""
+    """The cancel marker; a request is cancelled iff it holds its ``request_token``
+    (docs/protocol.md#keys)."""
     return REQUEST_CANCEL_PREFIX + request_id
 
 

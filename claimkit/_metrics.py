@@ -1,9 +1,9 @@
 """Prometheus metrics (docs/metrics.md), on a registry of their own per consumer.
 
-Names are docs/metrics.md's under the namespace (default ``llm_d_async``), so the claim depth is
-exported as ``llm_d_async_async_claim_depth``; counters get prometheus-client's ``_total``.
-Every metric has the labels ``queue_id``, ``queue_name`` and ``pool_name`` (the queue's
-``labels.pool_name``, or ``""``).
+Names are those of docs/metrics.md under the namespace (default ``llm_d_async``), so the
+claim depth is exported as ``llm_d_async_async_claim_depth``; counters get
+prometheus-client's ``_total``. Every metric has the labels ``queue_id``, ``queue_name`` and
+``pool_name`` (the queue's ``labels.pool_name``, or ``""``).
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ class QueueMetrics:
 
 
 class Metrics:
-    """All docs/metrics.md metrics on one :class:`CollectorRegistry`.
+    """All the metrics of docs/metrics.md on one :class:`CollectorRegistry`.
 
     Args:
-        namespace: metric name prefix (docs/metrics.md default ``llm_d_async``).
+        namespace: metric name prefix (default ``llm_d_async``, docs/metrics.md).
     """
 
     def __init__(self, namespace: str = "llm_d_async") -> None:

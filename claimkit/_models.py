@@ -1,10 +1,12 @@
-"""Wire models: the request envelope (docs/protocol.md#envelope) and the terminal record (docs/protocol.md#terminal-record).
+"""Wire models: the request envelope and the terminal record.
+
+Their fields: docs/protocol.md#envelope and docs/protocol.md#terminal-record.
 
 A member is validated with msgspec, whose errors name the offending field
 (``Expected `int`, got `str` - at `$.data.deadline```). The parsed view is only used to
 decide what to do with a request: the member itself is always moved by its exact original
-bytes, and the one rewrite claimkit makes (the retry copy, docs/protocol.md#park-for-retry) edits a plain ``dict`` so
-unknown fields survive.
+bytes, and the one rewrite claimkit makes (the retry copy, docs/protocol.md#park-for-retry)
+edits a plain ``dict`` so unknown fields survive.
 """
 
 from __future__ import annotations
@@ -34,17 +36,19 @@ DEADLINE_INVALID_MESSAGE = "Failed: deadline is missing or invalid (Unix seconds
 MAX_DEADLINE = 253402300799
 """The latest ``data.deadline`` a member may carry: 9999-12-31T23:59:59Z in Unix seconds.
 
-docs/protocol.md#envelope only asks for a JSON integer > 0; this bound is a claimkit addition shared by the
-producer and the consumer. A larger deadline cannot be a real one, does not fit Redis's
-``PXAT`` (the producer's ``SET request-active:<id>`` failed after its ``ZADD`` had already
-run in the same MULTI/EXEC), and a very large one overflows a float. Such a member is
-dead-lettered with :data:`DEADLINE_RANGE_MESSAGE`; the producer refuses it."""
+The envelope (docs/protocol.md#envelope) only asks for a JSON integer > 0; this bound is a
+claimkit addition shared by the producer and the consumer. A larger deadline cannot be a
+real one, does not fit Redis's ``PXAT`` (the producer's ``SET request-active:<id>`` failed
+after its ``ZADD`` had already run in the same MULTI/EXEC), and a very large one overflows a
+float. Such a member is dead-lettered with :data:`DEADLINE_RANGE_MESSAGE`; the producer
+refuses it."""
 
 DEADLINE_RANGE_MESSAGE = (
     f"Failed: deadline is out of range: at most {MAX_DEADLINE} Unix seconds (9999-12-31T23:59:59Z)."
 )
 """``error_message`` of the ``INVALID_REQUEST`` record of a member whose ``data.deadline``
-is an integer above :data:`MAX_DEADLINE` (docs/protocol.md#terminal-record: "another precise reason")."""
+is an integer above :data:`MAX_DEADLINE` (one of the precise reasons listed in
+docs/protocol.md#error-codes)."""
 
 LAST_RESPONSE_FIELD = "claimkit_last_response"
 """The ``internal`` field of a retry member that carries the last HTTP response of the
@@ -302,8 +306,8 @@ class TerminalRecord:
         )
 
     def to_json(self) -> bytes:
-        """Serialise with the fields in the documented order (docs/protocol.md#terminal-record), omitting
-        absent ones."""
+        """Serialise with the fields in their documented order, omitting absent ones
+        (docs/protocol.md#terminal-record)."""
         out: dict[str, Any] = {"id": self.id}
         if self.status_code is not None:
             out["status_code"] = self.status_code

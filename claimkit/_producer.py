@@ -21,11 +21,11 @@ CANCEL_TTL_SECONDS = 604800  # 7 days (docs/protocol.md#keys, request-cancel:<id
 class SubmitError(ValueError):
     """A producer call was refused before anything was written (docs/protocol.md#producer).
 
-    ``str(err)`` is one line saying what is wrong: one of docs/protocol.md#producer's messages ("request ID
-    is required", "deadline is required", "deadline has already expired"), a more precise
-    one about ``deadline`` or the request's shape, or the consumer's own parser's reason
-    (:func:`claimkit._models.parse_member`, without its ``"Failed: "``), which names the
-    field by its JSON path.
+    ``str(err)`` is one line saying what is wrong: one of the producer's messages ("request
+    ID is required", "deadline is required", "deadline has already expired";
+    docs/protocol.md#producer), a more precise one about ``deadline`` or the request's
+    shape, or the consumer's own parser's reason (:func:`claimkit._models.parse_member`,
+    without its ``"Failed: "``), which names the field by its JSON path.
 
     Attributes:
         index: the 0-based position, in the input of :meth:`Producer.submit_many`, of the
@@ -123,8 +123,8 @@ class Producer:
 
     @staticmethod
     def _check(data: Mapping[str, Any], now: float) -> tuple[str, int]:
-        """docs/protocol.md#producer's checks of ``data``, with its messages, and the deadline's type and
-        range (:data:`~claimkit._models.MAX_DEADLINE`) said precisely."""
+        """The producer's checks of ``data`` (docs/protocol.md#producer), with its messages, and
+        the deadline's type and range (:data:`~claimkit._models.MAX_DEADLINE`) said precisely."""
         rid = data.get("id")
         if not isinstance(rid, str) or not rid:
             raise SubmitError("request ID is required")
@@ -225,14 +225,14 @@ class Producer:
         return (await self.submit_many([request]))[0]
 
     async def cancel(self, request_id: str) -> bool:
-        """Cancel a request (docs/protocol.md#producer): if ``request-active:<id>`` holds the token of a live
-        generation, copy it to ``request-cancel:<id>`` with a 7-day TTL
+        """Cancel a request (docs/protocol.md#producer): if ``request-active:<id>`` holds
+        the token of a live generation, copy it to ``request-cancel:<id>`` with a 7-day TTL
         (:data:`CANCEL_TTL_SECONDS`). The consumer then ends it with a ``CANCELLED`` record
         when it next claims it; a request already being run is not interrupted.
 
         A generation whose terminal record was already pushed (``result-terminal:<id>``
-        holds its token, docs/protocol.md#keys) is finished: nothing is written. So is an unknown id or
-        one past its deadline (``request-active:<id>`` has expired).
+        holds its token, docs/protocol.md#keys) is finished: nothing is written. So is an
+        unknown id or one past its deadline (``request-active:<id>`` has expired).
 
         Returns:
             Whether a live generation was found and the cancel marker set.

@@ -1,8 +1,9 @@
-"""The claim protocol's batched operations on one queue (docs/protocol.md#claim-protocol), over a :class:`Store`.
+"""The claim protocol's batched operations on one queue, over a :class:`Store`.
 
-Each method is one Lua script call per chunk of at most :data:`CHUNK` items (a chunk keeps a
-single script well under ~5 ms of Redis time), never a round trip per request. Lease maths
-happens inside the scripts, on the Redis server clock.
+The protocol: docs/protocol.md#claim-protocol. Each method is one Lua script call per chunk
+of at most :data:`CHUNK` items (a chunk keeps a single script well under ~5 ms of Redis
+time), never a round trip per request. Lease maths happens inside the scripts, on the Redis
+server clock.
 
 This module knows the scripts' argument layouts (see each ``lua/*.lua`` header); the
 consumer, the operator commands and the tests all call the protocol through it.
@@ -65,13 +66,13 @@ _EARLIEST_STAMP = 1_600_000_000.0
 
 
 def new_token(now: float | None = None) -> str:
-    """A fresh ownership token (docs/protocol.md#keys): a UUIDv7 (RFC 9562) as 32 lower-case hex chars.
+    """A fresh ownership token: a UUIDv7 (RFC 9562) as 32 lower-case hex chars.
 
     48 bits of Unix time in milliseconds, the version (7) and variant bits, a tag byte
-    (:data:`_TOKEN_TAG`) and 66 random bits, so it stays unguessable (docs/protocol.md#keys asks at least
-    64 random bits) and also says when the claim was taken: :func:`token_time` reads it
-    back for ``claimkit inspect``. Fencing compares tokens for equality only; the time in
-    a token never decides anything.
+    (:data:`_TOKEN_TAG`) and 66 random bits, so it stays unguessable (at least 64 random
+    bits, docs/protocol.md#ownership-tokens) and also says when the claim was taken:
+    :func:`token_time` reads it back for ``claimkit inspect``. Fencing compares tokens for
+    equality only; the time in a token never decides anything.
 
     Args:
         now: Unix seconds to stamp, ideally the Redis server clock as the caller estimates
@@ -179,8 +180,9 @@ class QueueOps:
     Args:
         store: where the queue lives.
         queue: the pending ZSET's name ``<q>``.
-        result_list: the queue's configured ``result_queue_name`` or ``None`` (docs/protocol.md#terminal-record:
-            then the member's ``internal.result_queue_name``, then ``default_result_list``).
+        result_list: the queue's configured ``result_queue_name`` or ``None`` (then the
+            member's ``internal.result_queue_name``, then ``default_result_list``;
+            docs/protocol.md#result-routing).
         default_result_list: the global ``result_queue_name``.
         dedup_ttl: ``result_dedup_ttl_seconds``, whole seconds, 0 = markers never expire.
 
@@ -216,7 +218,7 @@ class QueueOps:
         queue's list, else the global one (the scripts check the type as they push)."""
         return self.result_list or self.default_result_list
 
-    # -- docs/protocol.md#peek peek ---------------------------------------------------------------------------
+    # -- peek (docs/protocol.md#peek) ----------------------------------------------------------
 
     async def peek(self, count: int) -> list[bytes]:
         """Up to ``count`` pending members, earliest deadline first; nothing is removed."""
@@ -250,7 +252,7 @@ class QueueOps:
             pushed += sum(_int(v) for v in reply[1::2])
         return moved, pushed
 
-    # -- docs/protocol.md#claim claim --------------------------------------------------------------------------
+    # -- claim (docs/protocol.md#claim) --------------------------------------------------------
 
     async def claim(
         self, candidates: Sequence[tuple[Envelope, str]], lease_ttl: float
@@ -275,7 +277,7 @@ class QueueOps:
         k = self.keys
         return [k.pending, k.claimed, k.owners, k.index]
 
-    # -- docs/protocol.md#heartbeat renew --------------------------------------------------------------------------
+    # -- renew (docs/protocol.md#heartbeat) ----------------------------------------------------
 
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
@@ -311,7 +313,7 @@ class QueueOps:
             codes += [_int(v) for v in reply[1:]]
         return now, codes
 
-    # -- docs/protocol.md#ack ack ----------------------------------------------------------------------------
+    # -- ack (docs/protocol.md#ack) ------------------------------------------------------------
 
     async def ack(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]:
         """Push each record once and drop its claim. Returns ``(pushed, owned)`` per item:
@@ -340,7 +342,7 @@ class QueueOps:
             ]
         return out
 
-    # -- docs/protocol.md#park-for-retry park ---------------------------------------------------------------------------
+    # -- park (docs/protocol.md#park-for-retry) ------------------------------------------------
 
     async def park(
         self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
@@ -361,7 +363,7 @@ class QueueOps:
             codes += [_int(v) for v in reply[1:]]
         return now, codes
 
-    # -- docs/protocol.md#release-and-sweep release ------------------------------------------------------------------------
+    # -- release (docs/protocol.md#release-and-sweep) ------------------------------------------
 
     async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[int]:
         """Hand ``(id, token, expected_expiry)`` claims back to pending at their original
@@ -377,7 +379,7 @@ class QueueOps:
             codes += [_int(v) for v in reply]
         return codes
 
-    # -- docs/protocol.md#reclaim reclaim ------------------------------------------------------------------------
+    # -- reclaim (docs/protocol.md#reclaim) ----------------------------------------------------
 
     async def reclaim_pass(
         self, limit: int, max_deliveries: int, *, scan_count: int = ORPHAN_SCAN_COUNT
@@ -454,9 +456,9 @@ class QueueOps:
 
 
 async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
-    """The retry mover (docs/protocol.md#park-for-retry): move every due retry member back to its queue at score =
-    deadline, ``limit`` per script call, until none is due. Returns ``(moved, dead)``:
-    members that could not be routed go to ``<retry_set>:dead``."""
+    """The retry mover (docs/protocol.md#retry-mover): move every due retry member back to
+    its queue at score = deadline, ``limit`` per script call, until none is due. Returns
+    ``(moved, dead)``: members that could not be routed go to ``<retry_set>:dead``."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     moved = dead = 0

@@ -1,4 +1,5 @@
-"""The Lua script registry: every script of ``lua/`` loaded once, by name (docs/protocol.md#claim-protocol).
+"""The Lua script registry: every script of ``lua/`` loaded once, by name
+(docs/protocol.md#claim-protocol).
 
 Scripts ship inside the wheel as ``claimkit/lua/*.lua`` (from the repository's top-level
 ``lua/``). A file named ``<verb>-<numkeys>.lua`` is a script; a file starting with ``_`` is

@@ -1,4 +1,7 @@
-"""Process wiring of ``claimkit serve``: store, consumer, signals, HTTP servers (docs/protocol.md#tasks-and-shutdown)."""
+"""Process wiring of ``claimkit serve``: store, consumer, signals, HTTP servers.
+
+Its tasks and their shutdown: docs/protocol.md#tasks-and-shutdown.
+"""
 
 from __future__ import annotations
 
@@ -74,11 +77,12 @@ async def _signals(
 
 async def _preflight(store: Store, config: Config, *, allow_eviction: bool = False) -> None:
     """Refuse to start on a mistake that retrying cannot mend: a wrong password (StoreError)
-    or any key serve uses holding another type than docs/protocol.md#keys says (:func:`key_roles`: each
-    queue's own keys, the retry set and its dead set, the result lists, a gate's budget
-    key; keys that do not exist are fine), a Redis Cluster node, or a server that may evict
-    any key (:func:`_check_eviction`). Redis merely unreachable is not one of them: the
-    consumer starts and retries until it answers (docs/protocol.md#tasks-and-shutdown).
+    or any key serve uses holding another type than the one docs/protocol.md#keys gives it
+    (:func:`key_roles`: each queue's own keys, the retry set and its dead set, the result
+    lists, a gate's budget key; keys that do not exist are fine), a Redis Cluster node, or a
+    server that may evict any key (:func:`_check_eviction`). Redis merely unreachable is not
+    one of them: the consumer starts and retries until it answers
+    (docs/protocol.md#tasks-and-shutdown).
 
     Raises:
         WrongKeyType: one line naming the key, the type it holds and the type expected.

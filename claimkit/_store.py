@@ -96,7 +96,8 @@ class Store(Protocol):
     Every method may raise :class:`StoreUnavailable` or :class:`StoreError`.
 
     Cancellation: a call cancelled mid-flight may or may not have reached Redis. Scripts are
-    written so that running one again, or not at all, loses nothing (docs/protocol.md#claim-protocol).
+    written so that running one again, or not at all, loses nothing
+    (docs/protocol.md#claim-protocol).
     """
 
     url: str

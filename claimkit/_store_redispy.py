@@ -107,9 +107,10 @@ class RedispyStore:
     calling trio task; the loop is passed explicitly, so any task of the trio run may use
     the store, not only those started inside the ``async with``.
 
-    Cancellation: cancelling the trio task cancels the asyncio task; redis-py then drops
-    the connection it was using (a reply may be half read), so the next call gets a fresh
-    one. Whether Redis ran the command is unknown, as with any store (docs/protocol.md#claim-protocol).
+    Cancellation: cancelling the trio task cancels the asyncio task; redis-py then drops the
+    connection it was using (a reply may be half read), so the next call gets a fresh one.
+    Whether Redis ran the command is unknown, as with any store
+    (docs/protocol.md#claim-protocol).
     """
 
     def __init__(self, client: Any, loop: Any, modules: _Modules, url: str) -> None:

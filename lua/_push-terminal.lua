@@ -9,12 +9,12 @@
 -- fallback_key: the list used instead when result_key cannot take the record.
 -- Returns 1 when pushed, 0 when suppressed as a duplicate.
 --
--- A member's internal.result_queue_name may name any key (docs/protocol.md#terminal-record). One that holds
--- another type would fail the LPUSH after earlier writes of the same script (a script is
--- not rolled back): the record goes to fallback_key instead. So does one aimed at its own
--- marker key (the SET below would overwrite the list) or at one of the calling script's
--- KEYS (the queue's own keys: while empty they do not exist, and the LPUSH would turn one
--- into a list, breaking the queue).
+-- A member's internal.result_queue_name may name any key (docs/protocol.md#result-routing).
+-- One that holds another type would fail the LPUSH after earlier writes of the same script
+-- (a script is not rolled back): the record goes to fallback_key instead. So does one aimed
+-- at its own marker key (the SET below would overwrite the list) or at one of the calling
+-- script's KEYS (the queue's own keys: while empty they do not exist, and the LPUSH would
+-- turn one into a list, breaking the queue).
 --
 -- A marker key of another type is no marker (claimkit only ever SETs strings there): the
 -- record is pushed and the SET below replaces it. Failing instead would fail the calling

@@ -25,8 +25,9 @@
       gen_token    internal.request_token or ""
 
   Output: { server_now (string, Unix seconds), code_1, ..., code_n } where code is
-    1 claimed, 2 claimed and found cancelled (docs/protocol.md#keys request-cancel), 0 lost to another
-    consumer (or no longer pending), 3 busy (the id has a live claim; left pending).
+    1 claimed, 2 claimed and found cancelled (its request-cancel marker,
+    docs/protocol.md#keys), 0 lost to another consumer (or no longer pending), 3 busy (the
+    id has a live claim; left pending).
 ]]
 -- @include _server-now
 -- @include _guard-keys

@@ -1,5 +1,6 @@
 --[[
-  Release / sweep: hand claims back to pending at their original score, fenced (docs/protocol.md#release-and-sweep).
+  Release / sweep: hand claims back to pending at their original score, fenced
+  (docs/protocol.md#release-and-sweep).
 
   Input:
     KEYS[1] pending ZSET           <q>

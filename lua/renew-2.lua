@@ -1,5 +1,6 @@
 --[[
-  Heartbeat: renew the leases of the claims one owner holds, fenced by token (docs/protocol.md#heartbeat).
+  Heartbeat: renew the leases of the claims one owner holds, fenced by token
+  (docs/protocol.md#heartbeat).
 
   Bulk commands, not one pair per claim: owners are read with one HMGET and leases written
   with one ZADD per step of 1000 claims. A call costs about 2-3.5 us of Redis time per claim,

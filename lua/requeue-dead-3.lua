@@ -1,6 +1,6 @@
 --[[
-  Requeue dead letters: move members from the dead set back to pending (claimkit dead
-  requeue, docs/protocol.md#keys <q>:dead, docs/protocol.md#reclaim).
+  Requeue dead letters: move members from the dead set (<q>:dead, docs/protocol.md#keys,
+  docs/protocol.md#reclaim) back to pending (claimkit dead requeue).
 
   Each member goes back by its exact bytes at score = its data.deadline, and its delivery
   count is reset. A member whose JSON cannot be read or that has no positive numeric
