@@ -116,7 +116,7 @@ _NUMERIC: dict[str, tuple[type, float]] = {
     "http_idle_timeout_seconds": (float, 5.0),
     "http_max_connections": (int, 512),
 }
-# docs/configuration.md says 0 means the default, but three fields give 0 a meaning of its
+# docs/configuration.md says 0 means the default, but four fields give 0 a meaning of its
 # own: unlimited deliveries (docs/protocol.md#reclaim), a dedup marker with no TTL
 # (docs/protocol.md#keys), a server turned off (docs/configuration.md).
 _ZERO_IS_ZERO = {"max_deliveries", "result_dedup_ttl_seconds", "metrics_port", "health_port"}
