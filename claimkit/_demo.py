@@ -312,8 +312,8 @@ async def _frozen_claims(watch: _Watch, at_kill: dict[str, tuple[str, float]]) -
 
     That is how A's claims are told apart from B's: a live owner acks its claims or renews
     them every heartbeat (docs/protocol.md#heartbeat), which moves their lease expiry; a
-    dead owner's claims keep their token and expiry until the reclaimer redelivers them (those are caught
-    by ``watch``).
+    dead owner's claims keep their token and expiry until the reclaimer redelivers them
+    (those are caught by ``watch``).
     """
     check_at = trio.current_time() + HEARTBEAT_SECONDS + 0.5
 
