@@ -55,7 +55,7 @@ COMMANDS = {
     "dead purge": ["dead", "purge", "-q", Q, "r1"],
     "cancel": ["cancel", "r1"],
     "results": ["results"],
-    "results --follow": ["results", "--follow"],
+    "results --follow --pop": ["results", "--follow", "--pop"],
 }
 
 

@@ -134,16 +134,25 @@ def answered_once(
     expected: bytes,
     request: bytes = b"GET /healthz HTTP/1.1\r\nHost: claimkit\r\n\r\n",
 ) -> bool:
-    """Whether one kept-alive request on ``sock`` is answered with a first read that starts
+    """Whether one kept-alive request on ``sock`` is answered with a reply that starts
     (a scrape) or ends (a probe) with ``expected``: the server accepted it and holds a slot
     for it. No, when the server closed it at once because a probe's connection still held
     the slot (the close may come as a reset)."""
+    # The answer may come in several reads (hypercorn writes the head and the body apart;
+    # on a loaded machine the client can wake between them): read until it is complete.
+    answer = b""
     try:
         sock.sendall(request)
-        first = sock.recv(65536)
+        while not (answer.startswith(expected) or answer.endswith(expected)):
+            chunk = sock.recv(65536)
+            if not chunk:
+                return False  # closed at once: the slot was still taken
+            answer += chunk
+            if len(answer) > 1 << 20:
+                return False
     except OSError:
         return False
-    return first.startswith(expected) or first.endswith(expected)
+    return True
 
 
 def status_line(reply: bytes) -> bytes:
