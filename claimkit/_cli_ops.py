@@ -577,9 +577,11 @@ def dead_list(
     config = target.config
     queues = [q.queue_name for q in config.queues] or [queue]
     reserved = _keys.reserved_keys(queues, config.retry_queue_name)
+    # Without the consumer's config the default max_deliveries would be a guess.
+    configured = transport_config is not None or transport_config_file is not None
     causes = [
         d.cause_of_death(
-            max_deliveries=config.max_deliveries,
+            max_deliveries=config.max_deliveries if configured else None,
             reserved=reserved,
             result_list_configured=bool(
                 target.queue_config and target.queue_config.result_queue_name

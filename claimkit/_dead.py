@@ -119,7 +119,7 @@ class DeadLetter:
     def cause_of_death(
         self,
         *,
-        max_deliveries: int,
+        max_deliveries: int | None,
         reserved: frozenset[str] = frozenset(),
         result_list_configured: bool = False,
     ) -> DeathCause:
@@ -131,9 +131,10 @@ class DeadLetter:
         keys, unless the queue has a ``result_list_configured``), and a reclaimer
         dead-letters a request it could claim, so one the consumer accepts. The member is
         kept byte for byte, so nothing else needs storing. The count of lease expiries is
-        not kept (``<q>:deliveries`` drops it at death): the reason gives
-        ``max_deliveries`` of the current config, which is the count unless the config
-        changed since.
+        not kept (``<q>:deliveries`` drops it at death), but a request dies when it reaches
+        ``max_deliveries``: the reason gives that of the consumer's config, which is the
+        count unless the config changed since. ``max_deliveries=None`` (no config given:
+        the default would be a guess) names no number.
         """
         parsed = parse_member(self.member)
         if isinstance(parsed, Invalid):
@@ -142,7 +143,12 @@ class DeadLetter:
         if name and not result_list_configured and _keys.is_reserved(name, reserved):
             reason = f"Failed: internal.result_queue_name names a key claimkit uses: {name!r}"
             return DeathCause(CAUSE_INVALID, reason)
-        if max_deliveries > 0:
+        if max_deliveries is None:  # no config given: no number that may not have happened
+            reason = (
+                "lease expired max_deliveries times without an ack (give the consumer's "
+                "config for the count)"
+            )
+        elif max_deliveries > 0:
             reason = max_deliveries_message(max_deliveries, max_deliveries)
         else:
             reason = "lease expired too many times without an ack (max_deliveries is 0 now)"
