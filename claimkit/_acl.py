@@ -86,8 +86,11 @@ class AclRule:
 
 
 def _glob(name: str) -> str:
-    """``name`` as an ACL key pattern matching only itself."""
-    return _GLOB_SPECIAL.sub(r"\\\1", name)
+    """``name`` as an ACL key pattern matching only itself, but for white space: Redis
+    refuses a pattern with a space ("Syntax error"), so each white-space character becomes
+    ``?`` (any one character), the narrowest pattern Redis takes for such a name."""
+    escaped = _GLOB_SPECIAL.sub(r"\\\1", name)
+    return "".join("?" if c.isspace() else c for c in escaped)
 
 
 def _lua_commands(names: Iterable[str]) -> set[str]:

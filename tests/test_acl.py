@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -445,3 +446,36 @@ def test_serve_stops_on_an_acl_refusal_instead_of_retrying_for_ever(
     after = redis(acl_redis.admin, lambda s: s.command("ZRANGE", Q, 0, -1, "WITHSCORES"))
     assert after == before
     assert redis(acl_redis.admin, lambda s: s.command("HLEN", f"{Q}:claim-owners")) == 0
+
+
+def test_a_queue_name_with_a_space_gets_a_pattern_redis_takes(acl_redis: AclRedis) -> None:
+    """Redis refuses a key pattern with a space: a queue named ``a b*`` gets ``a?b\\*`` (the
+    star literal), which redis-cli takes as printed and which lets the user write that queue."""
+    conf = {"queues": [{"queue_name": "a b*", "igw_base_url": "http://127.0.0.1:9"}]}
+    argv = ["acl", "--role", "producer", "--user", "spaced", "--transport-config"]
+    result = CliRunner().invoke(app, [*argv, json.dumps(conf)])
+    assert result.exit_code == 0, result.output
+    line = result.stdout.strip()
+    assert " ~a?b\\* " in f"{line} "
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        pytest.skip("redis-cli is not on PATH")
+    args = [cli, "-p", str(acl_redis.port), "--user", "default", "--pass", ADMIN_PASSWORD]
+    # Pasted at redis-cli's prompt (stdin is a pipe here): its own parser reads the line.
+    done = subprocess.run(
+        [*args, "--no-auth-warning"], input=line + "\n", capture_output=True, text=True
+    )
+    assert done.stdout.strip() == "OK", done
+    redis(acl_redis.admin, lambda s: s.command("ACL", "SETUSER", "spaced", ">pw-spaced"))
+    request = json.dumps({"id": "r1", "deadline": int(time.time()) + 600, "payload": {}})
+    for queue, code in (("a b*", 0), (Q, 1)):  # its own queue, and not another one
+        done = subprocess.run(
+            [CLAIMKIT, "submit", "-q", queue, request],
+            env={**os.environ, "REDIS_URL": acl_redis.user_url("spaced")},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == code, done.stderr
+    assert redis(acl_redis.admin, lambda s: s.command("ZCARD", "a b*")) == 1
+    assert redis(acl_redis.admin, lambda s: s.command("ZCARD", Q)) == 0
