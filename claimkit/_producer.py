@@ -264,11 +264,13 @@ class Producer:
         return True
 
     async def results(
-        self, count: int = 100, *, peek: bool = False
+        self, count: int = 100, *, pop: bool = False
     ) -> list[TerminalRecord | bytes]:
         """Up to ``count`` records of the result list, oldest first.
 
-        ``peek=False`` removes them (``RPOP``); ``peek=True`` reads without removing. Every
+        Reading never removes unless asked: by default the records stay in the list
+        (``LRANGE``); ``pop=True`` removes what it returns (``RPOP``), for a caller that is
+        the list's only consumer (docs/cli.md, ``claimkit results``). Every
         element read is returned, in list order: a :class:`TerminalRecord` when it is one,
         else its exact bytes (an element that is not valid JSON or has no string ``id``,
         written by someone else). A popped element is never dropped, so the caller decides
@@ -278,18 +280,19 @@ class Producer:
             ``TerminalRecord`` or ``bytes`` per element; ``[]`` when the list is empty.
 
         Raises:
-            StoreUnavailable, StoreError: from the store. An ``RPOP`` whose reply was lost
-                (a broken connection) may have removed records: read durably with
-                ``claimkit results --follow`` (docs/operations.md).
+            StoreUnavailable, StoreError: from the store. With ``pop=True``, an ``RPOP``
+                whose reply was lost (a broken connection) may have removed records;
+                ``claimkit results --follow --pop`` keeps each popped record in Redis
+                until it is printed (docs/cli.md).
 
-        Cancellation: a call cancelled after Redis ran the ``RPOP`` loses what it popped,
-        as a lost reply does.
+        Cancellation: with ``pop=True``, a call cancelled after Redis ran the ``RPOP``
+        loses what it popped, as a lost reply does; a read without ``pop`` loses nothing.
         """
-        if peek:
+        if pop:
+            raw = await self.store.command("RPOP", self.result_list, count) or []
+        else:
             raw = await self.store.command("LRANGE", self.result_list, -count, -1)
             raw = list(reversed(raw))
-        else:
-            raw = await self.store.command("RPOP", self.result_list, count) or []
         return [_record_or_raw(r) for r in raw]
 
 

@@ -528,10 +528,10 @@ async def test_results_read_oldest_first(store: Store) -> None:
         records = [TerminalRecord.http(f"r{i}", 200, str(i)) for i in range(3)]
         for r in records:
             await store.command("LPUSH", "out", r.to_json())
-        assert await producer.results(2, peek=True) == records[:2]
+        assert await producer.results(2) == records[:2]
         assert await store.command("LLEN", "out") == 3
-        assert await producer.results(10) == records
-        assert await producer.results(10) == []
+        assert await producer.results(10, pop=True) == records
+        assert await producer.results(10, pop=True) == []
 
 
 async def test_submit_to_a_key_of_another_type_writes_nothing(store: Store) -> None:

@@ -33,11 +33,11 @@ async def test_results_returns_every_popped_element_unreadable_ones_as_bytes(
             await store.command("LPUSH", "out", raw)
         expected = [good[0], b"not json", good[1], b'{"no":"id"}', b"\xff\xfe", DEEP, good[2]]
 
-        assert await producer.results(10, peek=True) == expected
-        assert await store.command("LLEN", "out") == len(elements)
         assert await producer.results(10) == expected
+        assert await store.command("LLEN", "out") == len(elements)
+        assert await producer.results(10, pop=True) == expected
         assert await store.command("EXISTS", "out") == 0
-        assert await producer.results(10) == []
+        assert await producer.results(10, pop=True) == []
 
 
 def test_cli_results_prints_an_element_nested_too_deeply(redis_url: str) -> None:
