@@ -255,17 +255,21 @@ def _unknown_gate_params(i: int, raw: dict[str, Any]) -> list[str]:
     return [f"queues[{i}].gate_params.{k}" for k in names]
 
 
+def _read_text(path: str | Path, named: str) -> str:
+    """The UTF-8 text of the file ``path``; ``named`` is how an error line names it."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {named}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"{named} is not UTF-8 text") from None
+
+
 def _secret_file(where: str, path: Any) -> str:
     """The first line of the file ``path`` (a secret: a URL or a password), stripped."""
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{where} must be a non-empty file path")
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {where} {path}: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where} {path} is not UTF-8 text") from None
-    lines = text.splitlines()
+    lines = _read_text(path, f"{where} {path}").splitlines()
     secret = lines[0].strip() if lines else ""
     if not secret:
         raise ConfigError(f"{where} {path} is empty")
@@ -329,12 +333,7 @@ def load_config(
     text, source = inline, "--transport-config"
     if path is not None:
         source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path} is not UTF-8 text") from None
+        text = _read_text(path, str(path))
     raw: Any = {}
     if text is not None and text.strip():
         try:

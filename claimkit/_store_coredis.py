@@ -121,13 +121,18 @@ class CoredisStore:
             return await self._transaction(commands)
         with _translated():
             replies = await self._pipelined(commands)
+        await self._raise_first_error(commands, replies)
+        return replies
+
+    async def _raise_first_error(self, commands: Sequence[Sequence[Arg]], replies: Any) -> None:
+        """Raise the first reply that is an error, as :func:`_translate` makes it (an ACL
+        refusal explained by :meth:`_explain`); return when every reply is a value."""
         for command, reply in zip(commands, replies, strict=True):
             if isinstance(reply, cx.RedisError):
                 error = _translate(reply)
                 if isinstance(error, StoreError):
                     raise await self._explain(error, [command]) from reply
                 raise error from reply
-        return replies
 
     async def _transaction(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """``MULTI``, the commands, ``EXEC`` on one connection of the pool's.
@@ -174,12 +179,7 @@ class CoredisStore:
                         raise await self._refused(_message(error), [command, *commands])
                     raise await self._refused(_message(replies), [("EXEC",), *commands])
                 keep = True
-            for command, reply in zip(commands, replies, strict=True):
-                if isinstance(reply, cx.RedisError):
-                    error = _translate(reply)
-                    if isinstance(error, StoreError):
-                        raise await self._explain(error, [command]) from reply
-                    raise error from reply
+            await self._raise_first_error(commands, replies)
             return list(replies)
         finally:
             if keep:
