@@ -179,14 +179,13 @@ class _Slots:
         self._open: dict[trio.SocketStream, trio.CancelScope | None] = {}
         self._warned_at = -math.inf
 
-    @property
-    def open(self) -> int:
-        return len(self._open)
-
     async def admit(self, stream: trio.SocketStream, where: str) -> None:
-        if len(self._open) >= self.limit:
+        if len(self._open) < self.limit:
+            self._open[stream] = None
+        else:
             oldest = next(iter(self._open))
             scope = self._open.pop(oldest)
+            self._open[stream] = None  # before the close's await: another may admit then
             now = time.monotonic()
             if now - self._warned_at >= _FULL_WARNING_EVERY_SECONDS:
                 self._warned_at = now
@@ -199,7 +198,6 @@ class _Slots:
             if scope is not None:
                 scope.cancel()
             await trio.aclose_forcefully(oldest)
-        self._open[stream] = None
 
     def attach(self, stream: trio.SocketStream, scope: trio.CancelScope) -> bool:
         """Give ``stream``'s handler scope; ``False`` when it was evicted already."""
