@@ -125,8 +125,8 @@ def serve(
     http_max_connections: Annotated[
         int | None,
         typer.Option(
-            help="HTTP connections open at once over both servers; more are closed at once "
-            "(default 512).",
+            help="HTTP connections open at once over both servers; past it, a new one closes "
+            "the oldest (default 512).",
             show_default=False,
         ),
     ] = None,

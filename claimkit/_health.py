@@ -11,9 +11,16 @@ client that connects and sends nothing, or sends half a request, holds only its 
 connection. Each connection is closed once it has gone ``idle_timeout`` seconds without a
 complete request (from its opening, or from its last answer), and when a read or a write
 waits longer than that. A request head over 16 KiB is answered 431 and closed, bytes that
-are not HTTP 400 and closed. At most ``max_connections`` are open at once over both
-servers; one beyond that is accepted and closed at once (never queued), so the listen
-backlog cannot fill with waiters.
+are not HTTP 400 and closed. Only ``GET`` and ``HEAD`` on a served path are answered;
+another path is 404, another method on a served path 405 (``Allow: GET, HEAD``).
+
+At most ``max_connections`` are open at once over both servers. When all are taken, a new
+connection is admitted and the OLDEST open one is closed (its handler cancelled, its socket
+closed forcefully), never the new one, and nothing waits in the listen backlog. The rule
+serves the probes: a client hoarding connections (idle or slowloris) holds old ones, while
+the kubelet's probe and Prometheus's scrape open a new one and are answered within
+milliseconds, so a flood of hoarded connections costs the flooder its own connections, not
+the liveness probe.
 
 hypercorn has no bound on connections, so the listener wrapper here adds one and runs
 hypercorn's own per-connection server (``hypercorn.trio.tcp_server.TCPServer``).
@@ -104,7 +111,9 @@ def _bounded_head(app: _App) -> _App:
     return bounded
 
 
-async def _plain(send: _Send, status: int, body: bytes) -> None:
+async def _plain(
+    send: _Send, status: int, body: bytes, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -112,66 +121,93 @@ async def _plain(send: _Send, status: int, body: bytes) -> None:
             "headers": [
                 (b"content-type", b"text/plain; charset=utf-8"),
                 (b"content-length", str(len(body)).encode()),
+                *extra,
             ],
         }
     )
     await send({"type": "http.response.body", "body": body})
 
 
-def _health_app(ready: Callable[[], tuple[bool, str]]) -> _App:
-    async def app(scope: _Scope, receive: _Receive, send: _Send) -> None:
-        if scope["type"] != "http":
-            await _close_other_scopes(scope, send)
-            return
-        path = scope["path"]
-        if path == "/healthz":
-            await _plain(send, 200, b"ok\n")
-        elif path == "/readyz":
-            ok, why = ready()
-            await _plain(send, 200 if ok else 503, (why + "\n").encode())
-        else:
-            await _plain(send, 404, b"not found\n")
-
-    return app
-
-
-def _metrics_app(registry: CollectorRegistry) -> _App:
-    prometheus_app: _App = make_asgi_app(registry)
+def _routes(paths: dict[str, _App]) -> _App:
+    """An app answering ``GET`` and ``HEAD`` on exactly the given paths; another path is
+    404, another method on one of them 405 with ``Allow: GET, HEAD``."""
 
     async def app(scope: _Scope, receive: _Receive, send: _Send) -> None:
         if scope["type"] != "http":  # prometheus-client's app asserts on anything else
             await _close_other_scopes(scope, send)
             return
-        await prometheus_app(scope, receive, send)
+        route = paths.get(scope["path"])
+        if route is None:
+            await _plain(send, 404, b"not found\n")
+        elif scope["method"] not in ("GET", "HEAD"):
+            await _plain(send, 405, b"method not allowed\n", [(b"allow", b"GET, HEAD")])
+        else:
+            await route(scope, receive, send)
 
     return app
 
 
+def _health_paths(ready: Callable[[], tuple[bool, str]]) -> dict[str, _App]:
+    async def healthz(scope: _Scope, receive: _Receive, send: _Send) -> None:
+        await _plain(send, 200, b"ok\n")
+
+    async def readyz(scope: _Scope, receive: _Receive, send: _Send) -> None:
+        ok, why = ready()
+        await _plain(send, 200 if ok else 503, (why + "\n").encode())
+
+    return {"/healthz": healthz, "/readyz": readyz}
+
+
+def _metrics_paths(registry: CollectorRegistry) -> dict[str, _App]:
+    prometheus_app: _App = make_asgi_app(registry)
+    return {"/metrics": prometheus_app}
+
+
 class _Slots:
-    """The connections open over all servers, at most ``limit``."""
+    """The connections open over all servers, at most ``limit``, oldest first.
+
+    A connection is admitted by :meth:`admit` when accepted; if all slots are taken, the
+    oldest open connection is closed to make room (the rule: see the module docstring).
+    Its handler, once started, attaches its cancel scope (:meth:`attach`) and frees the slot
+    on its way out (:meth:`release`). An evicted connection's slot is freed by the eviction
+    itself: a handler that has not started yet finds its connection gone and returns, and a
+    handler's release frees only its own connection's slot."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.open = 0
+        # Insertion order is admission order; the value is the handler's scope once started.
+        self._open: dict[trio.SocketStream, trio.CancelScope | None] = {}
         self._warned_at = -math.inf
 
-    def take(self, where: str) -> bool:
-        if self.open >= self.limit:
+    async def admit(self, stream: trio.SocketStream, where: str) -> None:
+        if len(self._open) < self.limit:
+            self._open[stream] = None
+        else:
+            oldest = next(iter(self._open))
+            scope = self._open.pop(oldest)
+            self._open[stream] = None  # before the close's await: another may admit then
             now = time.monotonic()
             if now - self._warned_at >= _FULL_WARNING_EVERY_SECONDS:
                 self._warned_at = now
                 log.warning(
                     "claimkit: %s has %d connections open, its bound "
-                    "(--http-max-connections); closing new ones until some close",
+                    "(--http-max-connections); closed the oldest to admit a new one",
                     where,
-                    self.open,
+                    self.limit,
                 )
+            if scope is not None:
+                scope.cancel()
+            await trio.aclose_forcefully(oldest)
+
+    def attach(self, stream: trio.SocketStream, scope: trio.CancelScope) -> bool:
+        """Give ``stream``'s handler scope; ``False`` when it was evicted already."""
+        if stream not in self._open:
             return False
-        self.open += 1
+        self._open[stream] = scope
         return True
 
-    def give_back(self) -> None:
-        self.open -= 1
+    def release(self, stream: trio.SocketStream) -> None:
+        self._open.pop(stream, None)
 
 
 class _WriteBoundedStream(trio.abc.HalfCloseableStream):
@@ -209,18 +245,16 @@ class _WriteBoundedStream(trio.abc.HalfCloseableStream):
 
 
 class _BoundedListener(trio.abc.Listener[trio.SocketStream]):
-    """A :class:`trio.SocketListener` that closes a connection at once when all slots are
-    taken, instead of leaving it queued in the kernel's backlog."""
+    """A :class:`trio.SocketListener` that admits every connection at once (never leaving it
+    queued in the kernel's backlog), closing the oldest open one when all slots are taken."""
 
     def __init__(self, inner: trio.SocketListener, slots: _Slots, where: str) -> None:
         self._inner, self._slots, self._where = inner, slots, where
 
     async def accept(self) -> trio.SocketStream:
-        while True:
-            stream = await self._inner.accept()
-            if self._slots.take(self._where):
-                return stream
-            await stream.aclose()
+        stream = await self._inner.accept()
+        await self._slots.admit(stream, self._where)
+        return stream
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -308,11 +342,13 @@ class _Runner:
     ) -> None:
         try:
             with trio.CancelScope() as scope:
+                if not self._slots.attach(stream, scope):
+                    return  # evicted before it started; closed by the eviction
                 timeout = self._config.keep_alive_timeout
                 bounded = _WriteBoundedStream(stream, timeout, scope.cancel)
                 await _TCPServer(app, self._config, context, {}, bounded)  # type: ignore[arg-type]
         finally:
-            self._slots.give_back()
+            self._slots.release(stream)
 
 
 def _listen(host: str, port: int, backlog: int, paths: str) -> socket.socket:
@@ -355,7 +391,8 @@ def serve_http(
         host: the IP address to bind (``"0.0.0.0"`` every IPv4 interface, ``"::"`` every
             interface).
         idle_timeout: seconds a connection may stay open without a complete request.
-        max_connections: connections open at once over both servers.
+        max_connections: connections open at once over both servers; when all are open, a
+            new one closes the oldest.
 
     Yields:
         ``{"metrics": port, "health": port}`` of the servers actually started (bound ports).
@@ -363,14 +400,9 @@ def serve_http(
     Raises:
         HttpBindError: a port is taken or the address is not this host's (one line).
     """
-    health = _health_app(ready)
-    metrics = _metrics_app(registry)
-
-    async def both(scope: _Scope, receive: _Receive, send: _Send) -> None:
-        if scope["type"] == "http" and scope["path"] in ("/healthz", "/readyz"):
-            await health(scope, receive, send)
-        else:
-            await metrics(scope, receive, send)
+    health_paths, metrics_paths = _health_paths(ready), _metrics_paths(registry)
+    health, metrics = _routes(health_paths), _routes(metrics_paths)
+    both = _routes({**metrics_paths, **health_paths})
 
     wanted: list[tuple[str, int, _App, str]] = []
     if metrics_port and metrics_port == health_port:

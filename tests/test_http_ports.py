@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import resource
+import selectors
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -65,9 +67,11 @@ class Serve:
 
 
 @contextmanager
-def serving(redis_url: str, tmp_path: Path, *flags: str) -> Iterator[Serve]:
-    """`claimkit serve` on two free ports of 127.0.0.1, once /readyz says 200."""
-    metrics, health = free_port(), free_port()
+def serving(redis_url: str, tmp_path: Path, *flags: str, one_port: bool = False) -> Iterator[Serve]:
+    """`claimkit serve` on two free ports of 127.0.0.1 (one for both servers if
+    ``one_port``), once /readyz says 200."""
+    metrics = free_port()
+    health = metrics if one_port else free_port()
     log = tmp_path / "serve.log"
     with log.open("w") as err:
         proc = subprocess.Popen(
@@ -261,7 +265,16 @@ async def test_idle_and_slow_connections_are_closed_after_the_idle_timeout(
         await in_thread(probes_answer, server)
 
 
-async def test_connections_past_the_bound_are_closed_at_once(
+def sees_eof(sock: socket.socket) -> bool:
+    """Whether the server closes ``sock`` (within 30 s) without sending anything more."""
+    sock.settimeout(30)
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+
+
+async def test_past_the_bound_the_oldest_connection_is_closed_and_the_new_one_answered(
     redis_url: str, tmp_path: Path
 ) -> None:
     with (
@@ -269,41 +282,136 @@ async def test_connections_past_the_bound_are_closed_at_once(
         serving(
             redis_url, tmp_path, "--http-max-connections", "3", "--http-idle-timeout", "300"
         ) as server,
+        ExitStack() as stack,
     ):
 
         def hold() -> socket.socket:
             """A kept-alive connection the server has answered, so surely holds a slot (a
-            probe's connection may hold one a moment after the probe closed it)."""
-            while True:
-                sock = connect(server.health)
-                if answered_once(sock, b"\r\n\r\nok\n"):
-                    return sock
-                sock.close()
-                time.sleep(0.05)
+            probe's connection still holding one is the oldest, so the third evicts it)."""
+            sock = stack.enter_context(connect(server.health))
+            assert answered_once(sock, b"\r\n\r\nok\n")
+            return sock
 
         held = [await in_thread(hold) for _ in range(3)]
-        try:
-            # The fourth is accepted and closed without a byte, it does not wait in the backlog.
-            assert await in_thread(reply_to, server.health, b"") == b""
-            assert await in_thread(reply_to, server.metrics, b"") == b""
-        finally:
-            for sock in held:
-                sock.close()
-
-        def answered() -> None:
-            while True:
-                try:
-                    probes_answer(server)
-                    return
-                except httpx.TransportError:
-                    time.sleep(0.05)  # until the server has seen the three close
-
-        await in_thread(answered)
-    warning = (
-        f"claimkit: the /healthz and /readyz server on {HOST}:{server.health} has 3 "
-        "connections open, its bound (--http-max-connections); closing new ones until some close"
+        # The fourth, on either server, is answered; the oldest held connection is closed.
+        fourth = stack.enter_context(connect(server.metrics))
+        scrape = b"GET /metrics HTTP/1.1\r\nHost: claimkit\r\n\r\n"
+        assert await in_thread(answered_once, fourth, b"HTTP/1.1 200 ", scrape)
+        assert await in_thread(sees_eof, held[0])
+        assert [still_open(sock) for sock in held[1:]] == [True, True]
+        for sock in held[1:]:
+            assert await in_thread(answered_once, sock, b"\r\n\r\nok\n")
+    # Once a minute: the first eviction's line, the fourth's (on the metrics server) or the
+    # readiness probe's connection's, if it still held a slot when the third was admitted.
+    said = "has 3 connections open, its bound (--http-max-connections); closed the oldest to "
+    said += "admit a new one"
+    lines = [line for line in server.log.read_text().splitlines() if "connections open" in line]
+    assert [line.split("claimkit: ", 1)[1] for line in lines] in (
+        [f"the /metrics server on {HOST}:{server.metrics} {said}"],
+        [f"the /healthz and /readyz server on {HOST}:{server.health} {said}"],
     )
-    assert [line for line in server.log.read_text().splitlines() if warning in line] != []
+
+
+async def test_probes_answer_every_time_while_the_metrics_port_is_flooded(
+    redis_url: str, tmp_path: Path
+) -> None:
+    at_least_fds(1024)
+    with (
+        trio.fail_after(TIMEOUT),
+        serving(redis_url, tmp_path, "--http-max-connections", "50") as server,
+    ):
+        opened = threading.Event()
+        stop = threading.Event()
+        reopened = [0]
+
+        def flood() -> None:
+            """80 idle connections to the metrics port, each re-opened once the server
+            closes it, until ``stop`` (or 40 s)."""
+            with selectors.DefaultSelector() as sel:
+                for _ in range(80):
+                    sel.register(
+                        socket.create_connection((HOST, server.metrics)), selectors.EVENT_READ
+                    )
+                opened.set()
+                end = time.monotonic() + 40
+                while not stop.is_set() and time.monotonic() < end:
+                    for key, _ in sel.select(timeout=0.01):
+                        sock = key.fileobj
+                        assert isinstance(sock, socket.socket)
+                        sel.unregister(sock)
+                        sock.close()  # the server closed it (it sends nothing to idle ones)
+                        sel.register(
+                            socket.create_connection((HOST, server.metrics)), selectors.EVENT_READ
+                        )
+                        reopened[0] += 1
+                for key in list(sel.get_map().values()):
+                    assert isinstance(key.fileobj, socket.socket)
+                    key.fileobj.close()
+
+        def probe_all() -> list[tuple[str, int, str]]:
+            answers = []
+            for _ in range(20):
+                for path in ("/healthz", "/readyz"):
+                    try:
+                        reply = server.get(server.health, path)
+                        answers.append((path, reply.status_code, reply.text))
+                    except httpx.TransportError as exc:
+                        answers.append((path, 0, repr(exc)))
+            return answers
+
+        flooder = threading.Thread(target=flood, daemon=True)
+        flooder.start()
+        try:
+            assert await in_thread(opened.wait, TIMEOUT)
+            answers = await in_thread(probe_all)
+            evictions = reopened[0]
+        finally:
+            stop.set()
+            await in_thread(flooder.join, TIMEOUT)
+    assert answers == [(path, 200, "ok\n") for _ in range(20) for path in ("/healthz", "/readyz")]
+    assert evictions >= 30  # the flood was on: 30 of the 80 were closed at least once
+
+
+def request(method: str, path: str) -> bytes:
+    return f"{method} {path} HTTP/1.1\r\nHost: claimkit\r\nConnection: close\r\n\r\n".encode()
+
+
+async def test_only_get_and_head_on_a_served_path_are_answered(
+    redis_url: str, tmp_path: Path
+) -> None:
+    not_found = b"HTTP/1.1 404 "
+    not_allowed = b"HTTP/1.1 405 "
+    for one_port in (False, True):
+        with (
+            trio.fail_after(TIMEOUT),
+            serving(redis_url, tmp_path, one_port=one_port) as server,
+        ):
+            metrics_cases = [("GET", "/nope"), ("GET", "/"), ("GET", "/metrics/")]
+            health_cases = [("GET", "/"), ("GET", "/healthz/x"), ("POST", "/nope")]
+            if not one_port:
+                metrics_cases += [("GET", "/healthz"), ("GET", "/readyz")]
+                health_cases += [("GET", "/metrics")]
+            for port, cases in ((server.metrics, metrics_cases), (server.health, health_cases)):
+                for method, path in cases:
+                    reply = await in_thread(reply_to, port, request(method, path))
+                    assert (method, path, status_line(reply)) == (method, path, not_found)
+                    assert reply.endswith(b"\r\n\r\nnot found\n")
+            for port, path in (
+                (server.metrics, "/metrics"),
+                (server.health, "/healthz"),
+                (server.health, "/readyz"),
+            ):
+                for method in ("DELETE", "POST", "PUT", "OPTIONS"):
+                    reply = await in_thread(reply_to, port, request(method, path))
+                    assert (method, path, status_line(reply)) == (method, path, not_allowed)
+                    assert b"\r\nallow: GET, HEAD\r\n" in reply
+                    assert reply.endswith(b"\r\n\r\nmethod not allowed\n")
+                head = await in_thread(reply_to, port, request("HEAD", path))
+                assert (path, status_line(head)) == (path, b"HTTP/1.1 200 ")
+                assert head.endswith(b"\r\n\r\n")  # the head only
+                got = await in_thread(reply_to, port, request("GET", path))
+                assert (path, status_line(got)) == (path, b"HTTP/1.1 200 ")
+            await in_thread(probes_answer, server)
 
 
 async def test_a_client_that_never_reads_its_answers_is_closed(
