@@ -452,7 +452,9 @@ def reclaim(
     Each expired claim goes back to pending at its original score with its delivery count
     raised; one that reaches max_deliveries is dead-lettered with a MAX_DELIVERIES_EXCEEDED
     record. Passes repeat until no expired claim is left. Claims without a lease entry
-    (evicted or partly restored) count as expired and are reported on stderr. Meant for
+    (evicted or partly restored) get their lease back (claim_lease_ttl_seconds), not a
+    redelivery: a live owner goes on, a dead owner's comes back one lease later; they are
+    counted as leases_restored and reported on stderr. Meant for
     cron: prints one summary line (or --json), exit status 0; on a Redis or config error
     one line and 1. Needs no running consumer. The rules: docs/protocol.md.
 
