@@ -452,7 +452,9 @@ def reclaim(
     Each expired claim goes back to pending at its original score with its delivery count
     raised; one that reaches max_deliveries is dead-lettered with a MAX_DELIVERIES_EXCEEDED
     record. Passes repeat until no expired claim is left. Claims without a lease entry
-    (evicted or partly restored) count as expired and are reported on stderr. Meant for
+    (evicted or partly restored) get their lease back (claim_lease_ttl_seconds), not a
+    redelivery: a live owner goes on, a dead owner's comes back one lease later; they are
+    counted as leases_restored and reported on stderr. Meant for
     cron: prints one summary line (or --json), exit status 0; on a Redis or config error
     one line and 1. Needs no running consumer. The rules: docs/protocol.md.
 
@@ -470,7 +472,7 @@ def reclaim(
             "(--transport-config or --transport-config-file) whose queues list them"
         )
     from ._inspect import check_key_types, queue_key_types
-    from ._protocol import QueueOps, ReclaimCounts
+    from ._protocol import QueueOps, ReclaimCounts, orphans_message
 
     async def go() -> dict[str, ReclaimCounts]:
         async with open_store(config.url) as store:
@@ -486,6 +488,7 @@ def reclaim(
                     result_list=q.result_queue_name,
                     default_result_list=config.result_queue_name,
                     dedup_ttl=config.result_dedup_ttl_seconds,
+                    lease_ttl=config.claim_lease_ttl_seconds,
                 )
                 out[q.queue_name] = await ops.reclaim(config.max_deliveries, full_scan=True)
             return out
@@ -503,6 +506,7 @@ def reclaim(
                         "dead_lettered": c.dead,
                         "ghosts": c.ghosts,
                         "orphans": c.orphans,
+                        "leases_restored": c.leases_restored,
                     }
                     for name, c in per_queue.items()
                 },
@@ -510,18 +514,19 @@ def reclaim(
                 "dead_lettered": total.dead,
                 "ghosts": total.ghosts,
                 "orphans": total.orphans,
+                "leases_restored": total.leases_restored,
             }
         )
     else:
         typer.echo(
             f"claimkit reclaim: queues={len(per_queue)} redelivered={total.redelivered} "
-            f"dead_lettered={total.dead} ghosts={total.ghosts}"
+            f"dead_lettered={total.dead} ghosts={total.ghosts} "
+            f"leases_restored={total.leases_restored}"
         )
     for name, c in per_queue.items():
         if c.orphans:
             typer.echo(
-                f"claimkit reclaim: warning: {c.orphans} claims of {name} had no lease entry "
-                "(evicted, partly restored or edited by hand?) and were handled as expired; "
+                f"claimkit reclaim: warning: {name}: {orphans_message(c)}; "
                 'see docs/operations.md, "Eviction"',
                 err=True,
             )

@@ -40,7 +40,7 @@ from ._gates import Gate, GateError, budget_key, make_gate
 from ._inspect import WrongKeyType, first_wrong_type
 from ._metrics import Metrics, QueueMetrics
 from ._models import Envelope, ErrorCode, Invalid, TerminalRecord, parse_member, retry_member
-from ._protocol import AckItem, ClaimCode, QueueOps, move_retries, new_token
+from ._protocol import AckItem, ClaimCode, QueueOps, move_retries, new_token, orphans_message
 from ._store import StoreError, StorePermissionError, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -300,6 +300,7 @@ class Consumer:
                     result_list=q.result_queue_name,
                     default_result_list=config.result_queue_name,
                     dedup_ttl=config.result_dedup_ttl_seconds,
+                    lease_ttl=config.claim_lease_ttl_seconds,
                 ),
                 gate=make_gate(q, store, self._rng),
                 target=Target(q.igw_base_url, q.request_path_url, q.inference_objective),
@@ -955,19 +956,18 @@ class Consumer:
                     continue
                 if counts.orphans:
                     log.warning(
-                        "reclaim %s: %d claims had no lease entry (evicted, partly restored "
-                        "or edited by hand?) and were handled as expired; see "
-                        'docs/operations.md, "Eviction"',
+                        'reclaim %s: %s; see docs/operations.md, "Eviction"',
                         q.name,
-                        counts.orphans,
+                        orphans_message(counts),
                     )
-                if counts.redelivered or counts.dead:
+                if counts.redelivered or counts.dead or counts.leases_restored:
                     log.info(
-                        "reclaim %s: redelivered=%d dead_lettered=%d ghosts=%d",
+                        "reclaim %s: redelivered=%d dead_lettered=%d ghosts=%d leases_restored=%d",
                         q.name,
                         counts.redelivered,
                         counts.dead,
                         counts.ghosts,
+                        counts.leases_restored,
                     )
                 self.summary.redelivered += counts.redelivered
                 self.summary.dead_lettered += counts.dead

@@ -35,6 +35,7 @@ __all__ = [
     "ReclaimCounts",
     "move_retries",
     "new_token",
+    "orphans_message",
     "token_time",
 ]
 
@@ -122,15 +123,17 @@ class AckItem:
 class ReclaimCounts:
     """What one reclaim run did (docs/protocol.md, "Reclaim").
 
-    ``orphans`` counts the claims found without a lease entry (docs/protocol.md, "Claims
-    without a lease entry"); each of them is also counted in ``redelivered``, ``dead`` or
-    ``ghosts``.
+    ``redelivered`` and ``dead`` count expired claims; ``ghosts`` the entries removed for
+    want of a payload. ``orphans`` counts the claims found without a lease entry
+    (docs/protocol.md, "Claims without a lease entry"); each of them is also counted in
+    ``leases_restored`` (given its lease back, not redelivered) or ``ghosts``.
     """
 
     redelivered: int = 0
     dead: int = 0
     ghosts: int = 0
     orphans: int = 0
+    leases_restored: int = 0
 
     def __add__(self, other: ReclaimCounts) -> ReclaimCounts:
         return ReclaimCounts(
@@ -138,7 +141,21 @@ class ReclaimCounts:
             self.dead + other.dead,
             self.ghosts + other.ghosts,
             self.orphans + other.orphans,
+            self.leases_restored + other.leases_restored,
         )
+
+
+def orphans_message(counts: ReclaimCounts) -> str:
+    """The operator's warning about claims found without a lease entry, e.g. ``"1 claim
+    had no lease entry (evicted, partly restored or edited by hand?); its lease was given
+    back"`` (docs/protocol.md, "Claims without a lease entry")."""
+    n, restored = counts.orphans, counts.leases_restored
+    head = "1 claim had" if n == 1 else f"{n} claims had"
+    if restored == n:
+        what = "its lease was given back" if n == 1 else "their leases were given back"
+    else:
+        what = f"leases given back: {restored}, removed for want of a payload: {n - restored}"
+    return f"{head} no lease entry (evicted, partly restored or edited by hand?); {what}"
 
 
 ORPHAN_SCAN_COUNT = CHUNK
@@ -185,6 +202,9 @@ class QueueOps:
             docs/protocol.md#result-routing).
         default_result_list: the global ``result_queue_name``.
         dedup_ttl: ``result_dedup_ttl_seconds``, whole seconds, 0 = markers never expire.
+        lease_ttl: ``claim_lease_ttl_seconds``, seconds (> 0): the lease a reclaim gives
+            back to a claim without a lease entry (docs/protocol.md, "Claims without a
+            lease entry").
 
     Every method raises :class:`~claimkit._store.StoreUnavailable` or
     :class:`~claimkit._store.StoreError` as the store does. A chunk that raised may or may
@@ -199,6 +219,7 @@ class QueueOps:
         result_list: str | None = None,
         default_result_list: str = "result-list",
         dedup_ttl: int = 21600,
+        lease_ttl: float = 300.0,
     ) -> None:
         self.store = store
         self.queue = queue
@@ -206,6 +227,7 @@ class QueueOps:
         self.result_list = result_list
         self.default_result_list = default_result_list
         self.dedup_ttl = dedup_ttl
+        self.lease_ttl = lease_ttl
         self._orphan_scan = _OrphanScan()
 
     def result_list_for(self, member_result_list: str | None) -> str:
@@ -411,12 +433,14 @@ class QueueOps:
                 scan.target,
                 scan.cursor,
                 scan_count,
+                repr(float(self.lease_ttl)),
             ],
         )
         redelivered, dead, ghosts, more, orphans = (_int(v) for v in reply[:5])
         cursor = reply[5] if isinstance(reply[5], bytes) else str(reply[5]).encode()
         cycle_done = scan.advance(cursor, bool(_int(reply[6])))
-        return ReclaimCounts(redelivered, dead, ghosts, orphans), bool(more), cycle_done
+        counts = ReclaimCounts(redelivered, dead, ghosts, orphans, _int(reply[7]))
+        return counts, bool(more), cycle_done
 
     async def reclaim(
         self,
@@ -430,7 +454,9 @@ class QueueOps:
         claim is left, so a backlog of any size drains in one run.
 
         Each call also reads the next page of the orphan scan (claims without a lease
-        entry, which count as expired). A consumer's periodic run advances the scan by at
+        entry: each is given its lease back, ``self.lease_ttl`` seconds under the claim
+        rule, so a live owner goes on renewing it and a dead owner's claim expires one
+        lease later). A consumer's periodic run advances the scan by at
         least one page per run; ``full_scan=True`` (``claimkit reclaim --once``) goes on
         until the scan has walked both claim hashes once, so every orphan present when it
         started is found. No call reads more than one page of ``scan_count`` fields.

@@ -32,6 +32,7 @@
 -- @include _server-now
 -- @include _guard-keys
 -- @include _checks
+-- @include _lease
 
 guard_keys('zset', 'hash', 'hash', 'zset')
 
@@ -56,8 +57,7 @@ for i = 3, #ARGV, 5 do
     redis.call('ZREM', KEYS[1], member)
     redis.call('HSET', KEYS[2], id, member, id .. ':score', score)
     redis.call('HSET', KEYS[3], id, token)
-    local expiry = math.min(now + lease_ttl, deadline + 30)
-    redis.call('ZADD', KEYS[4], math.max(expiry, now + math.min(lease_ttl, 30)), id)
+    redis.call('ZADD', KEYS[4], lease_expiry(now, lease_ttl, deadline), id)
     code = 1
     -- A cancel key of another type cannot hold the token: not cancelled. (Reading it
     -- would fail the script with this batch half written.)

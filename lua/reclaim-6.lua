@@ -7,7 +7,15 @@
   entries with no claimed payload (ghosts) are removed.
 
   Claims without a lease entry (orphans: the index entry was evicted, lost in a partial
-  restore or deleted by hand) count as expired. They are found by a bounded scan: each call
+  restore or deleted by hand) are given their lease back, not redelivered: their owner may
+  be alive with the request in flight (docs/protocol.md, "Claims without a lease entry").
+  An orphan with a payload (whether or not it has an owner entry) gets
+  claims-idx[id] = the lease a claim taken now would get (lua/_lease.lua, the claim rule:
+  min(now + ARGV[10], data.deadline + 30), never less than now + min(ARGV[10], 30)); its
+  live owner renews it as usual, a dead owner's claim expires one lease later and goes the
+  expired way above (its delivery counted, max_deliveries honoured). An orphan with no
+  payload (an owner entry or a stray <id>:score field alone) is a ghost and is removed.
+  Orphans are found by a bounded scan: each call
   reads one HSCAN page (COUNT scan_count) of <q>:claimed or <q>:claim-owners, as the caller
   asks, and handles at most scan_count orphans; when the page holds more, the cursor is not
   advanced, so the next call reads the same page again (the handled ones are gone by then).
@@ -36,29 +44,40 @@
             0 or absent: no scan
     ARGV[8] the HSCAN cursor to read from ("0" starts a cycle)
     ARGV[9] scan_count: the HSCAN COUNT, and at most this many orphans per call
+    ARGV[10] lease ttl, seconds (a number > 0: the consumers' claim_lease_ttl_seconds),
+            the lease an orphan is given back; read only when ARGV[7] is 2 or 3
 
-  Output: { redelivered, dead, ghosts, more, orphans, cursor, capped } where more is 1
-    when the limit was reached or the scan page held more orphans than scan_count (call
-    again), orphans counts the claims without a lease entry handled (they are also counted
-    as redelivered, dead or ghosts), cursor is the one to pass next, and capped is 1 when
-    that is the same page again ("0" and capped 0: this hash's scan cycle is done).
+  Output: { redelivered, dead, ghosts, more, orphans, cursor, capped, leases_restored }
+    where redelivered and dead count expired claims, ghosts the entries removed for want
+    of a payload (index entries, and orphans with no payload), more is 1 when the limit
+    was reached or the scan page held more orphans than scan_count (call again), orphans
+    counts the claims without a lease entry handled (each is counted in leases_restored or
+    ghosts), cursor is the one to pass next, capped is 1 when that is the same page again
+    ("0" and capped 0: this hash's scan cycle is done), and leases_restored counts the
+    orphans given their lease entry back.
 ]]
 -- @include _server-now
 -- @include _push-terminal
 -- @include _drop-claim
 -- @include _guard-keys
 -- @include _checks
+-- @include _lease
 
 guard_keys('zset', 'hash', 'hash', 'zset', 'hash', 'zset')
 
 local limit, max_deliveries = count_arg(1, 1), count_arg(2, 0)
 count_arg(6, 0)
 local scan_target, cursor, scan_count = tonumber(ARGV[7] or '0'), ARGV[8] or '0', 0
+local lease_ttl = 0
 if scan_target ~= 0 then
   if scan_target ~= 2 and scan_target ~= 3 then
     error('claimkit: ARGV[7] must be 0, 2 or 3, got ' .. tostring(ARGV[7]))
   end
   scan_count = count_arg(9, 1)
+  lease_ttl = number_arg(10)
+  if lease_ttl <= 0 then
+    error('claimkit: ARGV[10] must be a number > 0, got ' .. tostring(ARGV[10]))
+  end
 end
 list_usable(ARGV[4], 'the fallback result list')
 local now = server_now()
@@ -66,7 +85,8 @@ local expired = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0
 local full = #expired == limit
 
 -- Orphans: read before any write, so a bad cursor fails the call with nothing changed.
-local orphans, next_cursor, capped, stray = 0, '0', false, {}
+-- Those with a payload go to `restore` (their lease back), the others to `expired` (ghosts).
+local orphans, next_cursor, capped, stray, restore = 0, '0', false, {}, {}
 if scan_target ~= 0 then
   local page = redis.call('HSCAN', KEYS[scan_target], cursor, 'COUNT', scan_count)
   next_cursor = page[1]
@@ -87,7 +107,12 @@ if scan_target ~= 0 then
         break
       end
       orphans = orphans + 1
-      expired[#expired + 1] = id
+      local member = not stray[id] and redis.call('HGET', KEYS[2], id)
+      if member then
+        restore[#restore + 1] = { id, member }
+      else
+        expired[#expired + 1] = id
+      end
     end
   end
 end
@@ -100,6 +125,18 @@ for k, id in ipairs(expired) do
   if member then scores[k] = claim_score(member, redis.call('HGET', KEYS[2], id .. ':score')) end
 end
 local redelivered, dead, ghosts = 0, 0, 0
+
+-- The orphans' leases, as claim-4.lua would take them now (the deadline from the payload;
+-- one that cannot be read gives now + lease_ttl).
+for _, entry in ipairs(restore) do
+  local deadline
+  local ok, doc = pcall(cjson.decode, entry[2])
+  if ok and type(doc) == 'table' and type(doc.data) == 'table'
+      and type(doc.data.deadline) == 'number' and doc.data.deadline == doc.data.deadline then
+    deadline = doc.data.deadline
+  end
+  redis.call('ZADD', KEYS[4], lease_expiry(now, lease_ttl, deadline), entry[1])
+end
 
 for k, id in ipairs(expired) do
   local member, score = members[k], scores[k]
@@ -144,4 +181,4 @@ local more = 0
 if full or capped then more = 1 end
 local capped_flag = 0
 if capped then capped_flag = 1 end
-return { redelivered, dead, ghosts, more, orphans, next_cursor, capped_flag }
+return { redelivered, dead, ghosts, more, orphans, next_cursor, capped_flag, #restore }

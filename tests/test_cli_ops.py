@@ -556,7 +556,9 @@ def test_reclaim_once_redelivers_every_expired_claim(redis_url: str) -> None:
     transport, base = reclaim_scenario(redis_url)
     result = invoke(["reclaim", "--once", "--transport-config", transport])
     assert result.exit_code == 0, result.output
-    assert result.stdout == "claimkit reclaim: queues=2 redelivered=2 dead_lettered=1 ghosts=1\n"
+    assert result.stdout == (
+        "claimkit reclaim: queues=2 redelivered=2 dead_lettered=1 ghosts=1 leases_restored=0\n"
+    )
     assert result.stderr == ""
     assert do(redis_url, ("ZRANGE", Q, 0, -1, "WITHSCORES"))[0] == [
         [member("a", base + 100), float(base + 100)]
@@ -571,7 +573,9 @@ def test_reclaim_once_redelivers_every_expired_claim(redis_url: str) -> None:
     assert record["id"] == "poison"
     assert record["error_code"] == "MAX_DELIVERIES_EXCEEDED"
     again = invoke(["reclaim", "--once", "--transport-config", transport])
-    assert again.stdout == "claimkit reclaim: queues=2 redelivered=0 dead_lettered=0 ghosts=0\n"
+    assert again.stdout == (
+        "claimkit reclaim: queues=2 redelivered=0 dead_lettered=0 ghosts=0 leases_restored=0\n"
+    )
 
 
 def test_reclaim_once_json(redis_url: str) -> None:
@@ -580,13 +584,26 @@ def test_reclaim_once_json(redis_url: str) -> None:
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {
         "queues": {
-            Q: {"redelivered": 1, "dead_lettered": 1, "ghosts": 0, "orphans": 0},
-            "other": {"redelivered": 1, "dead_lettered": 0, "ghosts": 1, "orphans": 0},
+            Q: {
+                "redelivered": 1,
+                "dead_lettered": 1,
+                "ghosts": 0,
+                "orphans": 0,
+                "leases_restored": 0,
+            },
+            "other": {
+                "redelivered": 1,
+                "dead_lettered": 0,
+                "ghosts": 1,
+                "orphans": 0,
+                "leases_restored": 0,
+            },
         },
         "redelivered": 2,
         "dead_lettered": 1,
         "ghosts": 1,
         "orphans": 0,
+        "leases_restored": 0,
     }
 
 

@@ -308,7 +308,8 @@ def test_reclaim_once_after_every_consumer_was_killed(redis_url: str, children: 
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == (
-        f"claimkit reclaim: queues=1 redelivered={len(expected)} dead_lettered=0 ghosts=0\n"
+        f"claimkit reclaim: queues=1 redelivered={len(expected)} dead_lettered=0 ghosts=0 "
+        "leases_restored=0\n"
     )
     assert result.stderr == ""
     pending = {m: float(s) for m, s in do(redis_url, ("ZRANGE", Q, 0, -1, "WITHSCORES"))[0]}

@@ -103,7 +103,7 @@ DL_A: list[Arg] = [MA, "ga", "result-terminal:a", "rl-a", RECORD]
 DL_B: list[Arg] = [MB, "gb", "result-terminal:b", "rl-b", RECORD]
 ACK_KEYS = [K.pending, K.claimed, K.owners, K.index, K.deliveries]
 RECLAIM_KEYS = [K.pending, K.claimed, K.owners, K.index, K.deliveries, K.dead]
-RECLAIM_ARGV: list[Arg] = [100, 10, "", "result-list", "result-terminal:", 100, 2, "0", 100]
+RECLAIM_ARGV: list[Arg] = [100, 10, "", "result-list", "result-terminal:", 100, 2, "0", 100, 30]
 NUMBERS: tuple[Arg, ...] = ("x", "nan", "")
 WHOLE: tuple[Arg, ...] = ("x", "nan", "", "1.5", "-1")
 
@@ -185,7 +185,15 @@ CASES: dict[str, Case] = {
             "result-terminal:b": ("string", "any"),
             "rl-b": ("list", "any"),
         },
-        bad_argv={1: WHOLE, 2: WHOLE, 6: WHOLE, 7: ("1", "x"), 8: ("bad", "-1"), 9: WHOLE},
+        bad_argv={
+            1: WHOLE,
+            2: WHOLE,
+            6: WHOLE,
+            7: ("1", "x"),
+            8: ("bad", "-1"),
+            9: WHOLE,
+            10: (*NUMBERS, "0", "-1"),
+        },
         bad_fields=(
             ["HSET", K.deliveries, "a", "many"],
             ["HSET", K.deliveries, "a", "99999999999999999999999"],

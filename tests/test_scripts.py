@@ -196,6 +196,7 @@ def test_includes_are_resolved() -> None:
         "_checks",
         "_drop-claim",
         "_guard-keys",
+        "_lease",
         "_push-terminal",
         "_server-now",
     }
@@ -216,6 +217,7 @@ def test_includes_are_resolved() -> None:
             "list_usable",
             "claim_score",
             "next_delivery",
+            "lease_expiry",
         ):
             if re.search(rf"\b{helper}\(", s.source):
                 assert f"local function {helper}(" in s.source, f"{s.name}: {helper}"
