@@ -384,6 +384,9 @@ def tls_file_problem(url: str) -> str | None:
         if key is None:
             return f"ssl_certfile {cert} holds no private key: pass ssl_keyfile"
         return f"ssl_certfile {cert} and ssl_keyfile {key} do not form a certificate and its key"
+    if key is None:
+        # coredis sends no certificate without ssl_keyfile, even from a file holding both.
+        return f"ssl_certfile {cert} needs ssl_keyfile too: pass ssl_keyfile={cert}"
     return None
 
 

@@ -44,6 +44,8 @@ class Certs:
     client_key: Path
     server_cert: Path
     server_key: Path
+    client_pem: Path
+    """The client's certificate and key in one file."""
 
 
 @pytest.fixture
@@ -52,7 +54,10 @@ def certs(tmp_path: Path) -> Certs:
     server = ca.issue_cert("127.0.0.1")
     client = ca.issue_cert("claimkit-client@example.invalid")
     out = Certs(
-        *(tmp_path / n for n in ("ca.pem", "other.pem", "c.crt", "c.key", "s.crt", "s.key"))
+        *(
+            tmp_path / n
+            for n in ("ca.pem", "other.pem", "c.crt", "c.key", "s.crt", "s.key", "c.pem")
+        )
     )
     ca.cert_pem.write_to_path(str(out.ca))
     other.cert_pem.write_to_path(str(out.other_ca))
@@ -60,6 +65,7 @@ def certs(tmp_path: Path) -> Certs:
     client.private_key_pem.write_to_path(str(out.client_key))
     server.cert_chain_pems[0].write_to_path(str(out.server_cert))
     server.private_key_pem.write_to_path(str(out.server_key))
+    client.private_key_and_cert_chain_pem.write_to_path(str(out.client_pem))
     return out
 
 
@@ -238,6 +244,11 @@ BAD_FILES = [
         "ssl_certfile {client_cert} holds no private key: pass ssl_keyfile",
     ),
     (
+        "cert-and-key-in-one-file-without-keyfile",
+        "ssl_ca_certs={ca}&ssl_certfile={client_pem}",
+        "ssl_certfile {client_pem} needs ssl_keyfile too: pass ssl_keyfile={client_pem}",
+    ),
+    (
         "missing-key",
         "ssl_ca_certs={ca}&ssl_certfile={client_cert}&ssl_keyfile={missing}",
         "ssl_keyfile {missing}: no such file",
@@ -257,6 +268,7 @@ def filled(text: str, certs: Certs) -> str:
         client_cert=certs.client_cert,
         client_key=certs.client_key,
         server_key=certs.server_key,
+        client_pem=certs.client_pem,
     )
 
 
