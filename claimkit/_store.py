@@ -18,6 +18,7 @@ kinds only, so callers can decide without knowing the client library:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -219,6 +220,10 @@ def check_url(url: str) -> None:
                 raise ValueError(
                     f"Redis URL parameter {name} must be a number, got {value!r} in {shown!r}"
                 ) from None
+    if parts.scheme == "rediss":
+        problem = tls_file_problem(url)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 # Query parameters the Redis clients read as numbers (coredis and redis-py): a bad one would
@@ -284,8 +289,8 @@ def tls_settings(url: str) -> str:
     if off and url not in _WARNED:
         _WARNED.add(url)
         _log.warning(
-            "%s for %s: anyone on the network path can pose as this Redis; pass the "
-            "server's CA with ?ssl_ca_certs=<ca.pem> instead (docs/security.md)",
+            "claimkit: warning: %s for %s: anyone on the network path can pose as this "
+            "Redis; pass the server's CA with ?ssl_ca_certs=<ca.pem> instead (docs/security.md)",
             " and ".join(off),
             redact_url(url),
         )
@@ -299,6 +304,106 @@ def tls_settings(url: str) -> str:
         return url
     joined = "&".join(extra)
     return parts._replace(query=f"{parts.query}&{joined}" if parts.query else joined).geturl()
+
+
+def _tls_files(url: str) -> dict[str, str]:
+    """The TLS file parameters of ``url`` (lower-case name -> path), the last of each."""
+    query = {k.lower(): v[-1] for k, v in parse_qs(urlsplit(url).query).items()}
+    return {name: query[name] for name in _TLS_FILES if query.get(name)}
+
+
+_TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+def _unreadable(name: str, path: str) -> str | None:
+    """Why the file parameter ``name`` cannot be read, or ``None`` when it can."""
+    try:
+        if os.path.isdir(path):
+            if name != "ssl_ca_certs":
+                return f"{name} {path} is a directory, not a file"
+            os.listdir(path)
+        else:
+            with open(path, "rb"):
+                pass
+    except FileNotFoundError:
+        return f"{name} {path}: no such file"
+    except PermissionError:
+        return f"{name} {path} cannot be read: permission denied"
+    except OSError as exc:
+        return f"{name} {path} cannot be read: {exc.strerror or exc}"
+    return None
+
+
+def _holds_key(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return b"PRIVATE KEY-----" in f.read()
+    except OSError:
+        return False
+
+
+def _no_certificate(name: str, path: str) -> str:
+    hint = " (is it the key?)" if _holds_key(path) else ""
+    return f"{name} {path} holds no certificate{hint}"
+
+
+def tls_file_problem(url: str) -> str | None:
+    """One line naming what is wrong with a TLS file the ``rediss://`` ``url`` names, or
+    ``None`` when every one loads.
+
+    Each of ``ssl_ca_certs`` (a PEM file or a directory of them), ``ssl_certfile`` and
+    ``ssl_keyfile`` must exist and be readable, and an :class:`ssl.SSLContext` must accept
+    them: the CA as verify locations, the client certificate and its key as one chain.
+    Only files are read: nothing connects.
+    """
+    files = _tls_files(url)
+    for name, path in files.items():
+        problem = _unreadable(name, path)
+        if problem is not None:
+            return problem
+    ca = files.get("ssl_ca_certs")
+    if ca is not None:
+        try:
+            where = "capath" if os.path.isdir(ca) else "cafile"
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(**{where: ca})
+        except (ssl.SSLError, OSError):
+            return _no_certificate("ssl_ca_certs", ca)
+    cert, key = files.get("ssl_certfile"), files.get("ssl_keyfile")
+    if cert is None:
+        if key is not None:
+            return f"ssl_keyfile {key} needs its certificate: pass ssl_certfile"
+        return None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=cert)
+    except (ssl.SSLError, OSError):
+        return _no_certificate("ssl_certfile", cert)
+    try:
+        # A callable password: an encrypted key fails here instead of prompting on a tty.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=lambda: b"")
+    except (ssl.SSLError, OSError):
+        if key is None:
+            return f"ssl_certfile {cert} holds no private key: pass ssl_keyfile"
+        return f"ssl_certfile {cert} and ssl_keyfile {key} do not form a certificate and its key"
+    if key is None:
+        # coredis sends no certificate without ssl_keyfile, even from a file holding both.
+        return f"ssl_certfile {cert} needs ssl_keyfile too: pass ssl_keyfile={cert}"
+    return None
+
+
+def tls_file_error(url: str) -> StoreTlsError | None:
+    """A :class:`StoreTlsError` naming a TLS file of ``url`` that fails to load now, or
+    ``None`` when every one loads (or ``url`` names none).
+
+    For a failed connection: the clients load the files when they build their TLS context,
+    and a file may have changed since :func:`check_url`. A bad file does not always show as
+    a TLS error (coredis skips an ``ssl_certfile`` without ``ssl_keyfile``, and under TLS 1.3
+    the server's alert may be lost in the reset after it), so the files are read again on
+    any connection error of a ``rediss://`` URL that names one.
+    """
+    if urlsplit(url).scheme != "rediss" or not _tls_files(url):
+        return None
+    problem = tls_file_problem(url)
+    return None if problem is None else StoreTlsError(problem)
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:

