@@ -263,9 +263,7 @@ class Producer:
         await self.store.command("SET", cancel, token, "EX", CANCEL_TTL_SECONDS)
         return True
 
-    async def results(
-        self, count: int = 100, *, pop: bool = False
-    ) -> list[TerminalRecord | bytes]:
+    async def results(self, count: int = 100, *, pop: bool = False) -> list[TerminalRecord | bytes]:
         """Up to ``count`` records of the result list, oldest first.
 
         Reading never removes unless asked: by default the records stay in the list
