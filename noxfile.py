@@ -88,12 +88,15 @@ def bench(session: nox.Session) -> None:
     ``nox -s bench`` runs the HTTP-client comparison and the protocol benchmarks
     (``bench/protocol.py``; posargs go to it, e.g. ``-- heartbeat --runs 5``). With
     ``CLAIMKIT_PEERS=1`` it first runs the peers harness with claimkit added (~30-45 min on
-    2 cores; ``CLAIMKIT_PEERS_DIR`` points at the harness, default ``/work/shared/peers``).
+    2 cores; ``CLAIMKIT_PEERS_DIR`` points at the harness, default ``../shared/peers``
+    beside the checkout).
     """
     install_with_server(session, "redispy")
     python = os.path.join(session.bin, "python")
     if os.environ.get("CLAIMKIT_PEERS"):
-        peers = os.environ.get("CLAIMKIT_PEERS_DIR", "/work/shared/peers")
+        peers = os.environ.get(
+            "CLAIMKIT_PEERS_DIR", os.path.join(os.path.dirname(__file__), "..", "shared", "peers")
+        )
         runner = os.path.abspath("bench/peers_runner.py")
         session.run(
             "bash",

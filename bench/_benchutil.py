@@ -9,7 +9,12 @@ import socket
 import subprocess
 from pathlib import Path
 
-PEERS_DIR = Path(os.environ.get("CLAIMKIT_PEERS_DIR", "/work/shared/peers"))
+# The peers harness: ../shared/peers beside the checkout, unless CLAIMKIT_PEERS_DIR says.
+PEERS_DIR = Path(
+    os.environ.get(
+        "CLAIMKIT_PEERS_DIR", Path(__file__).resolve().parent.parent.parent / "shared" / "peers"
+    )
+)
 """The peers harness (read-only); its ``gateway.js`` and ``runners/common.py`` are used."""
 
 

@@ -1,4 +1,4 @@
-"""claimkit as a runner of the peers harness (``/work/shared/peers``), in-process.
+"""claimkit as a runner of the peers harness (``../shared/peers`` beside the checkout), in-process.
 
 Speaks the harness's runner protocol (``runners/common.py``):
 
@@ -20,11 +20,11 @@ Knobs (the harness passes fixed arguments, so these are environment variables):
 - ``CLAIMKIT_BATCH``: ``batch_size`` (default 10);
 - ``CLAIMKIT_POLL_MS``: ``poll_interval_ms`` (default 50: an empty queue is polled 20x/s);
 - ``CLAIMKIT_PEERS_RUNNERS``: where ``common.py`` is (default
-  ``/work/shared/peers/runners``).
+  ``../shared/peers/runners``).
 
 Add it to a harness run with::
 
-    bash /work/shared/peers/run.sh --add claimkit='/work/venv/bin/python bench/peers_runner.py'
+    bash ../shared/peers/run.sh --add claimkit="$PWD/.venv/bin/python $PWD/bench/peers_runner.py"
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-sys.path.insert(
-    0, os.environ.get("CLAIMKIT_PEERS_RUNNERS", str(Path("/work/shared/peers/runners")))
-)
+_RUNNERS = Path(__file__).resolve().parent.parent.parent / "shared" / "peers" / "runners"
+sys.path.insert(0, os.environ.get("CLAIMKIT_PEERS_RUNNERS", str(_RUNNERS)))
 
 import common
 import trio
