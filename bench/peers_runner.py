@@ -35,8 +35,13 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-_RUNNERS = Path(__file__).resolve().parent.parent.parent / "shared" / "peers" / "runners"
-sys.path.insert(0, os.environ.get("CLAIMKIT_PEERS_RUNNERS", str(_RUNNERS)))
+sys.path.insert(
+    0,
+    os.environ.get(
+        "CLAIMKIT_PEERS_RUNNERS",
+        str(Path(__file__).resolve().parent.parent.parent / "shared" / "peers" / "runners"),
+    ),
+)
 
 import common
 import trio
