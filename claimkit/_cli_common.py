@@ -34,6 +34,7 @@ TransportConfig = Annotated[
     str | None,
     typer.Option(
         "--transport-config",
+        metavar="JSON",
         help="The transport JSON inline (docs/configuration.md).",
         show_default=False,
     ),
@@ -41,13 +42,17 @@ TransportConfig = Annotated[
 TransportConfigFile = Annotated[
     str | None,
     typer.Option(
-        "--transport-config-file", help="A file holding the transport JSON.", show_default=False
+        "--transport-config-file",
+        metavar="FILE",
+        help="A file holding the transport JSON.",
+        show_default=False,
     ),
 ]
 RedisUrl = Annotated[
     str | None,
     typer.Option(
         "--redis-url",
+        metavar="URL",
         help="Redis URL when the JSON has no `url` (else $REDIS_URL or $REDIS_URL_FILE). "
         "A password here shows in ps: use $REDIS_PASSWORD_FILE (docs/security.md).",
         show_default=False,
@@ -196,6 +201,45 @@ def flow_help(app: typer.Typer) -> None:
         doc = info.help or (info.callback.__doc__ if info.callback else None)
         if doc:
             info.help = _verbatim_blocks(doc)
+        if info.cls in (None, typer.core.TyperCommand):
+            info.cls = _NamedMetavars
     for group in app.registered_groups:
         if group.typer_instance is not None:
             flow_help(group.typer_instance)
+
+
+# What an option's value is, by its long name; typer would show its type (``<float>``).
+_METAVARS = {
+    "SECONDS": (
+        "--claim-lease-ttl", "--request-timeout", "--drain-timeout", "--http-idle-timeout",
+        "--result-dedup-ttl", "--older-than", "--interval", "--latency",
+    ),
+    "MS": ("--claim-reclaim-interval",),
+    "PORT": ("--port", "--metrics-port", "--health-port"),
+    "ADDRESS": ("--http-host", "--host"),
+    "N": (
+        "--limit", "--requests", "--concurrency", "--batch-size", "--http-max-connections",
+        "--seed", "--count",
+    ),
+    "NAME": ("--queue",),
+    "FILE": ("--file",),
+    "BACKEND": ("--store",),
+    "LEVEL": ("--log-level",),
+    "FRACTION": ("--rate-hang", "--rate-429", "--rate-5xx"),
+    "SECONDS|DATE": ("--retry-after",),
+}  # fmt: skip
+_METAVAR_OF = {name: metavar for metavar, names in _METAVARS.items() for name in names}
+
+
+class _NamedMetavars(typer.core.TyperCommand):
+    """A command whose options show what their value is (:data:`_METAVARS`, else
+    ``VALUE``) instead of typer's ``<float>``; flags keep none."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.param_type_name != "option" or getattr(param, "is_flag", True):
+                continue
+            if param.metavar is None:
+                long = next((o for o in param.opts if o.startswith("--")), "")
+                param.metavar = _METAVAR_OF.get(long, "VALUE")

@@ -9,6 +9,7 @@ pasted. A short flag means one thing across all commands.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -76,6 +77,8 @@ def test_help_reads_well_at_80_columns(path: tuple[str, ...]) -> None:
     text = help_at_80(path)
     assert "SPEC" not in text
     assert "<bool>" not in text
+    # An option's value is named by what it is (SECONDS, PORT, N...), never typer's <type>.
+    assert re.findall(r"--[a-z0-9-]+ <[^>]*>", text) == []
     assert "§" not in text
     too_wide = [line for line in text.splitlines() if len(line) > 80]
     assert too_wide == []
