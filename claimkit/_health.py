@@ -15,12 +15,12 @@ are not HTTP 400 and closed. Only ``GET`` and ``HEAD`` on a served path are answ
 another path is 404, another method on a served path 405 (``Allow: GET, HEAD``).
 
 At most ``max_connections`` are open at once over both servers. When all are taken, a new
-connection is admitted and the OLDEST open one is closed (its handler cancelled, its socket
-closed forcefully), never the new one, and nothing waits in the listen backlog. The rule
-serves the probes: a client hoarding connections (idle or slowloris) holds old ones, while
-the kubelet's probe and Prometheus's scrape open a new one and are answered within
-milliseconds, so a flood of hoarded connections costs the flooder its own connections, not
-the liveness probe.
+connection is admitted and an open one is closed (its handler cancelled, its socket closed
+forcefully), never the new one, and nothing waits in the listen backlog: the oldest that
+has sent nothing yet, else the oldest of all. The rule serves the probes: the kubelet's
+probe and Prometheus's scrape send their request the moment they connect, while a client
+hoarding connections holds silent or old ones, so a flood of hoarded connections, however
+fast it reconnects, costs the flooder its own connections, not the liveness probe.
 
 hypercorn has no bound on connections, so the listener wrapper here adds one and runs
 hypercorn's own per-connection server (``hypercorn.trio.tcp_server.TCPServer``).
@@ -166,38 +166,43 @@ def _metrics_paths(registry: CollectorRegistry) -> dict[str, _App]:
 class _Slots:
     """The connections open over all servers, at most ``limit``, oldest first.
 
-    A connection is admitted by :meth:`admit` when accepted; if all slots are taken, the
-    oldest open connection is closed to make room (the rule: see the module docstring).
-    Its handler, once started, attaches its cancel scope (:meth:`attach`) and frees the slot
-    on its way out (:meth:`release`). An evicted connection's slot is freed by the eviction
-    itself: a handler that has not started yet finds its connection gone and returns, and a
-    handler's release frees only its own connection's slot."""
+    A connection is admitted by :meth:`admit` when accepted; if all slots are taken, one
+    open connection is closed to make room: the oldest that has sent nothing yet (idle
+    sockets of a flood, a scanner), else the oldest of all (the rule: see the module
+    docstring). A probe's connection sends its request at once, so a flood of silent
+    connections, however fast it reconnects, never pushes a probe out. Its handler, once
+    started, attaches its cancel scope (:meth:`attach`), reports the first bytes it reads
+    (:meth:`heard`) and frees the slot on its way out (:meth:`release`). An evicted
+    connection's slot is freed by the eviction itself: a handler that has not started yet
+    finds its connection gone and returns, and a handler's release frees only its own."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         # Insertion order is admission order; the value is the handler's scope once started.
         self._open: dict[trio.SocketStream, trio.CancelScope | None] = {}
+        self._silent: dict[trio.SocketStream, None] = {}  # admitted, no byte read yet
         self._warned_at = -math.inf
 
     async def admit(self, stream: trio.SocketStream, where: str) -> None:
         if len(self._open) < self.limit:
-            self._open[stream] = None
-        else:
-            oldest = next(iter(self._open))
-            scope = self._open.pop(oldest)
-            self._open[stream] = None  # before the close's await: another may admit then
-            now = time.monotonic()
-            if now - self._warned_at >= _FULL_WARNING_EVERY_SECONDS:
-                self._warned_at = now
-                log.warning(
-                    "claimkit: %s has %d connections open, its bound "
-                    "(--http-max-connections); closed the oldest to admit a new one",
-                    where,
-                    self.limit,
-                )
-            if scope is not None:
-                scope.cancel()
-            await trio.aclose_forcefully(oldest)
+            self._open[stream] = self._silent[stream] = None
+            return
+        victim = next(iter(self._silent), None) or next(iter(self._open))
+        scope = self._open.pop(victim)
+        self._silent.pop(victim, None)
+        self._open[stream] = self._silent[stream] = None  # before the close's await
+        now = time.monotonic()
+        if now - self._warned_at >= _FULL_WARNING_EVERY_SECONDS:
+            self._warned_at = now
+            log.warning(
+                "claimkit: %s has %d connections open, its bound "
+                "(--http-max-connections); closed the oldest to admit a new one",
+                where,
+                self.limit,
+            )
+        if scope is not None:
+            scope.cancel()
+        await trio.aclose_forcefully(victim)
 
     def attach(self, stream: trio.SocketStream, scope: trio.CancelScope) -> bool:
         """Give ``stream``'s handler scope; ``False`` when it was evicted already."""
@@ -206,8 +211,13 @@ class _Slots:
         self._open[stream] = scope
         return True
 
+    def heard(self, stream: trio.SocketStream) -> None:
+        """``stream`` sent its first bytes: it is closed only when no silent one is left."""
+        self._silent.pop(stream, None)
+
     def release(self, stream: trio.SocketStream) -> None:
         self._open.pop(stream, None)
+        self._silent.pop(stream, None)
 
 
 class _WriteBoundedStream(trio.abc.HalfCloseableStream):
@@ -219,8 +229,15 @@ class _WriteBoundedStream(trio.abc.HalfCloseableStream):
     closes the connection and calls ``stalled`` (which cancels the connection's task: its
     reader may be parked until the answer is written, where no close reaches it)."""
 
-    def __init__(self, inner: trio.SocketStream, timeout: float, stalled: Callable[[], None]):
+    def __init__(
+        self,
+        inner: trio.SocketStream,
+        timeout: float,
+        stalled: Callable[[], None],
+        heard: Callable[[], None],
+    ):
         self._inner, self._timeout, self._stalled = inner, timeout, stalled
+        self._heard: Callable[[], None] | None = heard
         self.socket = inner.socket  # hypercorn reads the peer's address from it
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -238,7 +255,11 @@ class _WriteBoundedStream(trio.abc.HalfCloseableStream):
         await self._inner.send_eof()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self._inner.receive_some(max_bytes)
+        data = await self._inner.receive_some(max_bytes)
+        if data and self._heard is not None:
+            self._heard()  # once: the connection is no longer a silent one
+            self._heard = None
+        return data
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -345,7 +366,8 @@ class _Runner:
                 if not self._slots.attach(stream, scope):
                     return  # evicted before it started; closed by the eviction
                 timeout = self._config.keep_alive_timeout
-                bounded = _WriteBoundedStream(stream, timeout, scope.cancel)
+                heard = partial(self._slots.heard, stream)
+                bounded = _WriteBoundedStream(stream, timeout, scope.cancel, heard)
                 await _TCPServer(app, self._config, context, {}, bounded)  # type: ignore[arg-type]
         finally:
             self._slots.release(stream)
@@ -392,7 +414,7 @@ def serve_http(
             interface).
         idle_timeout: seconds a connection may stay open without a complete request.
         max_connections: connections open at once over both servers; when all are open, a
-            new one closes the oldest.
+            new one closes the oldest silent one (no byte sent yet), else the oldest.
 
     Yields:
         ``{"metrics": port, "health": port}`` of the servers actually started (bound ports).

@@ -6,6 +6,7 @@ config makes it importable as ``redis_state``). Replies may be RESP2 or RESP3 sh
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -109,3 +110,11 @@ async def command_calls(store: Store) -> dict[str, int]:
             name, fields = line[len("cmdstat_") :].split(":", 1)
             out[name] = int(dict(f.split("=") for f in fields.split(","))["calls"])
     return out
+
+
+def mask_noperm(text: str) -> str:
+    """``text`` with Redis's own wording of a refusal replaced by ``<server's words>``:
+    Redis 7 ("this user has no permissions to run the 'multi' command") and Valkey 8 ("User
+    p has no permissions ...") word it differently. claimkit's own part of the line stays
+    and is asserted exactly."""
+    return re.sub(r"\(Redis: NOPERM [^)]*\)", "(Redis: NOPERM <server's words>)", text)
