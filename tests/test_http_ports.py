@@ -312,6 +312,32 @@ async def test_past_the_bound_the_oldest_connection_is_closed_and_the_new_one_an
     )
 
 
+async def test_past_the_bound_a_silent_connection_is_closed_before_an_older_busy_one(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Bound 3: one answered keep-alive connection (the oldest), then two that send nothing.
+    A fourth is admitted by closing the older SILENT one, not the oldest: a probe that has
+    sent its request is never pushed out by idle sockets opened after it. All on one port,
+    so one accept loop admits them in the order they connected."""
+    with (
+        trio.fail_after(TIMEOUT),
+        serving(
+            redis_url, tmp_path, "--http-max-connections", "3", "--http-idle-timeout", "300"
+        ) as server,
+        ExitStack() as stack,
+    ):
+        busy = stack.enter_context(connect(server.health))
+        assert await in_thread(answered_once, busy, b"\r\n\r\nok\n")
+        silent = [stack.enter_context(connect(server.health)) for _ in range(2)]
+        fourth = stack.enter_context(connect(server.health))
+        assert await in_thread(answered_once, fourth, b"\r\n\r\nok\n")
+        assert await in_thread(sees_eof, silent[0])
+        # The busy one stays, though it is the oldest. (silent[1] stays too, unless the
+        # readiness probe's closed connection still held a slot: then it went as well.)
+        assert still_open(busy)
+        assert await in_thread(answered_once, busy, b"\r\n\r\nok\n")
+
+
 async def test_probes_answer_every_time_while_the_metrics_port_is_flooded(
     redis_url: str, tmp_path: Path
 ) -> None:
