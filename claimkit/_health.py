@@ -187,7 +187,7 @@ class _Slots:
         if len(self._open) < self.limit:
             self._open[stream] = self._silent[stream] = None
             return
-        victim = next(iter(self._silent), None) or next(iter(self._open))
+        victim = self._victim()
         scope = self._open.pop(victim)
         self._silent.pop(victim, None)
         self._open[stream] = self._silent[stream] = None  # before the close's await
@@ -204,6 +204,16 @@ class _Slots:
             scope.cancel()
         await trio.aclose_forcefully(victim)
 
+    def _victim(self) -> trio.SocketStream:
+        """The oldest silent connection, else the oldest. A connection whose handler has
+        not read yet may have sent its request already (a probe, while the servers are busy
+        admitting a flood): the kernel's buffer is peeked, so it is not taken for silent."""
+        for stream in list(self._silent):
+            if not _has_bytes_waiting(stream):
+                return stream
+            self._silent.pop(stream)
+        return next(iter(self._open))
+
     def attach(self, stream: trio.SocketStream, scope: trio.CancelScope) -> bool:
         """Give ``stream``'s handler scope; ``False`` when it was evicted already."""
         if stream not in self._open:
@@ -218,6 +228,18 @@ class _Slots:
     def release(self, stream: trio.SocketStream) -> None:
         self._open.pop(stream, None)
         self._silent.pop(stream, None)
+
+
+def _has_bytes_waiting(stream: trio.SocketStream) -> bool:
+    """Whether the peer of ``stream`` has sent bytes not read yet (a non-blocking peek of
+    the kernel's receive buffer, on a duplicate of the descriptor). A closed or broken
+    connection has none: it is as good a connection to close as a silent one."""
+    sock = stream.socket
+    try:
+        with socket.fromfd(sock.fileno(), sock.family, sock.type) as dup:
+            return bool(dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # BlockingIOError (nothing sent) or a broken connection
+        return False
 
 
 class _WriteBoundedStream(trio.abc.HalfCloseableStream):

@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 import os
 import resource
-import selectors
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -338,6 +336,30 @@ async def test_past_the_bound_a_silent_connection_is_closed_before_an_older_busy
         assert await in_thread(answered_once, busy, b"\r\n\r\nok\n")
 
 
+# 80 idle connections to a port, each re-opened as soon as the server closes it, until
+# stdin closes (or 40 s); prints "opened" once all are open, then how many it re-opened.
+FLOOD = r"""
+import selectors, socket, sys, time
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sel = selectors.DefaultSelector()
+for _ in range(n):
+    sel.register(socket.create_connection((host, port)), selectors.EVENT_READ)
+sel.register(sys.stdin, selectors.EVENT_READ)
+print("opened", flush=True)
+reopened, end = 0, time.monotonic() + 40
+while time.monotonic() < end:
+    events = sel.select(timeout=0.01)
+    if any(key.fileobj is sys.stdin for key, _ in events):
+        break
+    for key, _ in events:
+        sel.unregister(key.fileobj)
+        key.fileobj.close()
+        sel.register(socket.create_connection((host, port)), selectors.EVENT_READ)
+        reopened += 1
+print(reopened, flush=True)
+"""
+
+
 async def test_probes_answer_every_time_while_the_metrics_port_is_flooded(
     redis_url: str, tmp_path: Path
 ) -> None:
@@ -346,33 +368,6 @@ async def test_probes_answer_every_time_while_the_metrics_port_is_flooded(
         trio.fail_after(TIMEOUT),
         serving(redis_url, tmp_path, "--http-max-connections", "50") as server,
     ):
-        opened = threading.Event()
-        stop = threading.Event()
-        reopened = [0]
-
-        def flood() -> None:
-            """80 idle connections to the metrics port, each re-opened once the server
-            closes it, until ``stop`` (or 40 s)."""
-            with selectors.DefaultSelector() as sel:
-                for _ in range(80):
-                    sel.register(
-                        socket.create_connection((HOST, server.metrics)), selectors.EVENT_READ
-                    )
-                opened.set()
-                end = time.monotonic() + 40
-                while not stop.is_set() and time.monotonic() < end:
-                    for key, _ in sel.select(timeout=0.01):
-                        sock = key.fileobj
-                        assert isinstance(sock, socket.socket)
-                        sel.unregister(sock)
-                        sock.close()  # the server closed it (it sends nothing to idle ones)
-                        sel.register(
-                            socket.create_connection((HOST, server.metrics)), selectors.EVENT_READ
-                        )
-                        reopened[0] += 1
-                for key in list(sel.get_map().values()):
-                    assert isinstance(key.fileobj, socket.socket)
-                    key.fileobj.close()
 
         def probe_all() -> list[tuple[str, int, str]]:
             answers = []
@@ -385,15 +380,24 @@ async def test_probes_answer_every_time_while_the_metrics_port_is_flooded(
                         answers.append((path, 0, repr(exc)))
             return answers
 
-        flooder = threading.Thread(target=flood, daemon=True)
-        flooder.start()
-        try:
-            assert await in_thread(opened.wait, TIMEOUT)
-            answers = await in_thread(probe_all)
-            evictions = reopened[0]
-        finally:
-            stop.set()
-            await in_thread(flooder.join, TIMEOUT)
+        # The flood is a process of its own, as a real one is: in this process it would
+        # share the GIL with the probes and stall them between connect and send.
+        with subprocess.Popen(
+            [sys.executable, "-c", FLOOD, HOST, str(server.metrics), "80"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as flooder:  # closes the pipes and waits for it
+            try:
+                assert flooder.stdout is not None and flooder.stdin is not None
+                assert await in_thread(flooder.stdout.readline) == "opened\n"
+                answers = await in_thread(probe_all)
+                flooder.stdin.close()  # the flood's signal to stop and say its count
+                evictions = int(await in_thread(flooder.stdout.readline))
+                assert await in_thread(flooder.wait, TIMEOUT) == 0
+            finally:
+                if flooder.poll() is None:
+                    flooder.kill()
     assert answers == [(path, 200, "ok\n") for _ in range(20) for path in ("/healthz", "/readyz")]
     assert evictions >= 30  # the flood was on: 30 of the 80 were closed at least once
 
