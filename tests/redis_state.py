@@ -7,6 +7,8 @@ config makes it importable as ``redis_state``). Replies may be RESP2 or RESP3 sh
 from __future__ import annotations
 
 import re
+import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -118,3 +120,21 @@ def mask_noperm(text: str) -> str:
     p has no permissions ...") word it differently. claimkit's own part of the line stays
     and is asserted exactly."""
     return re.sub(r"\(Redis: NOPERM [^)]*\)", "(Redis: NOPERM <server's words>)", text)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free a moment ago (for a child process to bind)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    """Return once something listens on 127.0.0.1:``port``; TimeoutError after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on {port}")

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 import trio
-from redis_state import mask_noperm, redis, snapshot
+from redis_state import free_port, mask_noperm, redis, snapshot, wait_port
 from typer.testing import CliRunner
 
 from claimkit._acl import acl_rule
@@ -37,22 +36,6 @@ CLAIMKIT = str(Path(sys.executable).with_name("claimkit"))
 Q = "requests"
 ADMIN_PASSWORD = "admin pw"
 NO_HTTP = ("--metrics-port", "0", "--health-port", "0")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
-    raise TimeoutError(f"nothing listens on {port}")
 
 
 @dataclass

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import trio
 from held_gateway import held_gateway
+from redis_state import free_port, wait_port
 
 from claimkit._producer import Producer
 from claimkit._redis_server import RedisServer
@@ -30,22 +31,6 @@ pytestmark = pytest.mark.slow
 RedisFactory = Callable[..., RedisServer]
 CLAIMKIT = str(Path(sys.executable).with_name("claimkit"))
 Q = "requests"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
-    raise TimeoutError(f"nothing listens on {port}")
 
 
 @pytest.fixture

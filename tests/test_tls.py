@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import trio
 import trustme
+from redis_state import free_port
 from typer.testing import CliRunner
 
 from claimkit._cli import app
@@ -67,12 +67,6 @@ def certs(tmp_path: Path) -> Certs:
     server.private_key_pem.write_to_path(str(out.server_key))
     client.private_key_and_cert_chain_pem.write_to_path(str(out.client_pem))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tls_redis(factory: RedisFactory, certs: Certs, *, auth_clients: bool) -> int:
