@@ -44,7 +44,7 @@ def install_with_server(session: nox.Session, *extras: str) -> None:
                 "valkey-server, or set CLAIMKIT_REDIS_SERVER (docs/redis-server.md)"
             )
     # Which binary the session runs, or what to install (exit 1).
-    session.run("python", "-m", "claimkit._redis_server")
+    session.run("python", "-m", "claimkit.dev.redis_server")
 
 
 @nox.session(python=PYTHON)

@@ -3,7 +3,7 @@
 Zero lost requests and exactly one terminal record per request, through any crash. The
 harness runs, all on this machine and all started and stopped by PID:
 
-- a private Redis (``appendfsync always``, :class:`claimkit._redis_server.RedisServer`);
+- a private Redis (``appendfsync always``, :class:`claimkit.dev.redis_server.RedisServer`);
 - the gateway simulator (``claimkit sim``) with random latency, 429s and 503s;
 - N ``claimkit serve`` consumers (short lease, fast reclaimer);
 - a producer submitting requests throughout (some with short deadlines, some cancelled);
@@ -70,10 +70,10 @@ from chaos_observe import (
     snapshot_keys,
 )
 
-from claimkit._keys import request_active
-from claimkit._producer import Producer
-from claimkit._redis_server import RedisServer, RedisServerError, find_server_binary
-from claimkit._store import Store, StoreError, StoreUnavailable, open_store
+from claimkit.dev.redis_server import RedisServer, RedisServerError, find_server_binary
+from claimkit.producer import Producer
+from claimkit.protocol.keys import request_active
+from claimkit.store.api import Store, StoreError, StoreUnavailable, open_store
 
 QUEUE = "chaos"
 RESULTS = "result-list"
@@ -243,7 +243,7 @@ def claimkit_exe() -> list[str]:
     found = shutil.which("claimkit")
     if found:
         return [found]
-    return [sys.executable, "-c", "from claimkit._cli import main; main()"]
+    return [sys.executable, "-c", "from claimkit.cli.app import main; main()"]
 
 
 @dataclass(eq=False)

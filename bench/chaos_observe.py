@@ -28,8 +28,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from claimkit._keys import QueueKeys
-from claimkit._scripts import Script, all_scripts
+from claimkit.protocol.keys import QueueKeys
+from claimkit.store.scripts import Script, all_scripts
 
 # -- the atomic snapshot -----------------------------------------------------------------------
 

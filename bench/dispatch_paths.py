@@ -14,8 +14,8 @@ JSON. Candidates:
 - ``httpx-claimkit-0.1``: claimkit's old client, pool = keep-alive = concurrency;
 - ``httpx-keepalive-10``: httpx with at most 10 idle connections kept;
 - ``httpcore``: ``httpcore.AsyncConnectionPool`` directly, without httpx's layers;
-- ``claimkit-h11``: :class:`claimkit._http.HttpClient` (h11 over trio streams, own pool);
-- ``claimkit-dispatch``: the whole :func:`claimkit._dispatch.dispatch` on that client
+- ``claimkit-h11``: :class:`claimkit.consumer.http.HttpClient` (h11 over trio streams, own pool);
+- ``claimkit-dispatch``: the whole :func:`claimkit.consumer.dispatch.dispatch` on that client
   (headers, URL, §4 decision, terminal record);
 - ``raw-floor``: a hand-written HTTP/1.1 exchange on kept-open trio streams (Content-Length
   only, no validation): the floor for any Python client on trio, not a candidate.
@@ -126,7 +126,7 @@ async def one(name: str, url: str, n: int, conc: int) -> dict[str, float]:
             await pool.aclose()
 
     elif name == "claimkit-h11":
-        from claimkit._http import HttpClient
+        from claimkit.consumer.http import HttpClient
 
         hc = HttpClient(max_connections=conc)
         hdrs = [(b"Content-Type", b"application/json")]
@@ -140,8 +140,8 @@ async def one(name: str, url: str, n: int, conc: int) -> dict[str, float]:
     elif name == "claimkit-dispatch":
         import random
 
-        from claimkit._dispatch import Done, Target, dispatch, open_http_client
-        from claimkit._models import Envelope, parse_member
+        from claimkit.consumer.dispatch import Done, Target, dispatch, open_http_client
+        from claimkit.protocol.models import Envelope, parse_member
 
         dc = open_http_client(conc)
         base, _, path = url.partition("/v1/")

@@ -47,8 +47,8 @@ import common
 import trio
 
 from claimkit import Config, Consumer, Producer, QueueConfig, open_store
-from claimkit._dispatch import Done
-from claimkit._models import TerminalRecord
+from claimkit.consumer.dispatch import Done
+from claimkit.protocol.models import TerminalRecord
 
 BACKEND = os.environ.get("CLAIMKIT_BACKEND", "coredis")
 BATCH = int(os.environ.get("CLAIMKIT_BATCH", "10"))

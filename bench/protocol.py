@@ -41,12 +41,12 @@ import redis  # noqa: E402  (sync client for set-up and INFO; the consumer uses 
 import trio  # noqa: E402
 from _benchutil import PEERS_DIR, free_port, machine  # noqa: E402
 
-from claimkit._protocol import AckItem, QueueOps, new_token  # noqa: E402
-from claimkit._redis_server import RedisServer  # noqa: E402
-from claimkit._store import open_store  # noqa: E402
+from claimkit.dev.redis_server import RedisServer  # noqa: E402
+from claimkit.protocol.ops import AckItem, QueueOps, new_token  # noqa: E402
+from claimkit.store.api import open_store  # noqa: E402
 
 RUNNER = HERE / "peers_runner.py"
-CLI = [sys.executable, "-c", "from claimkit._cli import app; app(prog_name='claimkit')"]
+CLI = [sys.executable, "-c", "from claimkit.cli.app import app; app(prog_name='claimkit')"]
 PY = sys.executable
 Q = "bench"
 
@@ -186,7 +186,7 @@ def bench_calls(runs: int, n: int) -> list[dict[str, Any]]:
 
 
 async def _claim_ack_loop(url: str, n_each: int, loops: int, batch: int) -> float:
-    from claimkit._models import Envelope, parse_member
+    from claimkit.protocol.models import Envelope, parse_member
 
     async with open_store(url) as store:
         ops = QueueOps(store, Q)
@@ -267,7 +267,7 @@ def _redis_cpu(r: redis.Redis) -> float:
 
 
 async def _claim_only(url: str, n: int, batch: int) -> float:
-    from claimkit._models import Envelope, parse_member
+    from claimkit.protocol.models import Envelope, parse_member
 
     async with open_store(url) as store:
         ops = QueueOps(store, Q)
@@ -326,7 +326,7 @@ def bench_backlog(runs: int, claims: int = 2000, batch: int = 10) -> dict[str, A
 
 
 async def _hold_and_renew(url: str, held: int, ticks: int) -> dict[str, Any]:
-    from claimkit._models import Envelope, parse_member
+    from claimkit.protocol.models import Envelope, parse_member
 
     async with open_store(url) as store:
         ops = QueueOps(store, Q)

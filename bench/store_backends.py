@@ -20,11 +20,11 @@ import sys
 
 import trio
 
-from claimkit._config import ConfigError
-from claimkit._redis_server import RedisServer
-from claimkit._scripts import Script
-from claimkit._store import open_store
-from claimkit._store_redispy import load_backend
+from claimkit.config import ConfigError
+from claimkit.dev.redis_server import RedisServer
+from claimkit.store.api import open_store
+from claimkit.store.redispy_store import load_backend
+from claimkit.store.scripts import Script
 
 SOURCE = "return 1"
 TRIVIAL = Script("bench", 1, SOURCE, hashlib.sha1(SOURCE.encode()).hexdigest())

@@ -6,26 +6,26 @@ re-exported here explicitly.
 
 from __future__ import annotations
 
-from ._config import Config as Config
-from ._config import ConfigError as ConfigError
-from ._config import QueueConfig as QueueConfig
-from ._config import load_config as load_config
-from ._consumer import Consumer as Consumer
-from ._consumer import Summary as Summary
-from ._models import Envelope as Envelope
-from ._models import ErrorCode as ErrorCode
-from ._models import Invalid as Invalid
-from ._models import TerminalRecord as TerminalRecord
-from ._models import parse_member as parse_member
-from ._producer import Producer as Producer
-from ._producer import SubmitError as SubmitError
-from ._protocol import QueueOps as QueueOps
-from ._store import Store as Store
-from ._store import StoreError as StoreError
-from ._store import StorePermissionError as StorePermissionError
-from ._store import StoreTlsError as StoreTlsError
-from ._store import StoreUnavailable as StoreUnavailable
-from ._store import open_store as open_store
+from claimkit.config import Config as Config
+from claimkit.config import ConfigError as ConfigError
+from claimkit.config import QueueConfig as QueueConfig
+from claimkit.config import load_config as load_config
+from claimkit.consumer.consumer import Consumer as Consumer
+from claimkit.consumer.consumer import Summary as Summary
+from claimkit.producer import Producer as Producer
+from claimkit.producer import SubmitError as SubmitError
+from claimkit.protocol.models import Envelope as Envelope
+from claimkit.protocol.models import ErrorCode as ErrorCode
+from claimkit.protocol.models import Invalid as Invalid
+from claimkit.protocol.models import TerminalRecord as TerminalRecord
+from claimkit.protocol.models import parse_member as parse_member
+from claimkit.protocol.ops import QueueOps as QueueOps
+from claimkit.store.api import Store as Store
+from claimkit.store.api import StoreError as StoreError
+from claimkit.store.api import StorePermissionError as StorePermissionError
+from claimkit.store.api import StoreTlsError as StoreTlsError
+from claimkit.store.api import StoreUnavailable as StoreUnavailable
+from claimkit.store.api import open_store as open_store
 
 __version__ = "0.1.0"
 

@@ -161,7 +161,7 @@ for k, id in ipairs(expired) do
       end
       if result_key == '' then result_key = ARGV[4] end
       -- n counts lease expiries without an ack (<q>:deliveries). The same text as
-      -- claimkit._models.max_deliveries_message (a test compares them).
+      -- claimkit.protocol.models.max_deliveries_message (a test compares them).
       local times = 'times'
       if n == 1 then times = 'time' end
       local message = 'lease expired ' .. n .. ' ' .. times

@@ -1,7 +1,7 @@
 """Test support: a real Redis Cluster of private ``redis-server`` processes.
 
 :class:`RedisCluster` starts ``masters`` servers with ``--cluster-enabled yes``, each on a
-free port in a temporary directory of its own (:class:`claimkit._redis_server.RedisServer`),
+free port in a temporary directory of its own (:class:`claimkit.dev.redis_server.RedisServer`),
 joins them with ``redis-cli --cluster create ... --cluster-yes`` (no replicas), waits until
 every node says ``cluster_state:ok``, and stops every process by PID on :meth:`close`.
 The machine's shared Redis is never touched.
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from claimkit._redis_server import RedisServer, RedisServerError, _call, find_server_binary
+from claimkit.dev.redis_server import RedisServer, RedisServerError, _call, find_server_binary
 
 HOST = "127.0.0.1"
 BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000

@@ -1,7 +1,7 @@
 """Shared fixtures: private Redis servers and a store on them.
 
 Every Redis here is a ``redis-server`` process that this test run started itself, on a free
-port in a temporary directory, stopped by PID (:mod:`claimkit._redis_server`). The machine's
+port in a temporary directory, stopped by PID (:mod:`claimkit.dev.redis_server`). The machine's
 shared Redis (127.0.0.1:6379) is never touched.
 
 - ``redis_server``: one server for the whole session, AOF off.
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from claimkit._redis_server import RedisServer
-from claimkit._store import Store, open_store
+from claimkit.dev.redis_server import RedisServer
+from claimkit.store.api import Store, open_store
 
 RedisFactory = Callable[..., RedisServer]
 

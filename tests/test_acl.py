@@ -20,14 +20,14 @@ import trio
 from redis_state import free_port, mask_noperm, redis, snapshot, wait_port
 from typer.testing import CliRunner
 
-from claimkit._acl import acl_rule
-from claimkit._cli import app
-from claimkit._config import load_config
-from claimkit._models import Envelope, parse_member
-from claimkit._producer import Producer
-from claimkit._protocol import QueueOps
-from claimkit._redis_server import RedisServer
-from claimkit._store import Store, StorePermissionError, open_store
+from claimkit.cli.app import app
+from claimkit.config import load_config
+from claimkit.dev.redis_server import RedisServer
+from claimkit.ops.acl import acl_rule
+from claimkit.producer import Producer
+from claimkit.protocol.models import Envelope, parse_member
+from claimkit.protocol.ops import QueueOps
+from claimkit.store.api import Store, StorePermissionError, open_store
 
 pytestmark = pytest.mark.slow
 

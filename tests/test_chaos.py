@@ -31,13 +31,13 @@ from typing import Any
 import pytest
 import trio
 
-from claimkit._config import load_config
-from claimkit._consumer import Consumer, QueueRuntime
-from claimkit._dispatch import Done, Outcome
-from claimkit._models import Envelope, TerminalRecord, parse_member
-from claimkit._producer import Producer
-from claimkit._protocol import QueueOps, new_token
-from claimkit._store import Store, open_store
+from claimkit.config import load_config
+from claimkit.consumer.consumer import Consumer, QueueRuntime
+from claimkit.consumer.dispatch import Done, Outcome
+from claimkit.producer import Producer
+from claimkit.protocol.models import Envelope, TerminalRecord, parse_member
+from claimkit.protocol.ops import QueueOps, new_token
+from claimkit.store.api import Store, open_store
 
 CHAOS = Path(__file__).resolve().parent.parent / "bench" / "chaos.py"
 Q = "requests"

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from redis_state import do
 from typer.testing import CliRunner
 
-from claimkit._cli import app
-from claimkit._redis_server import RedisServer
+from claimkit.cli.app import app
+from claimkit.dev.redis_server import RedisServer
 
 RedisFactory = Callable[..., RedisServer]
 

@@ -20,7 +20,7 @@ import pytest
 from redis_state import do
 from typer.testing import CliRunner
 
-from claimkit._cli import app
+from claimkit.cli.app import app
 
 runner = CliRunner()
 Q = "jobs"

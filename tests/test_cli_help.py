@@ -21,7 +21,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from claimkit._cli import app
+from claimkit.cli.app import app
 
 runner = CliRunner()
 CLAIMKIT = Path(sys.executable).with_name("claimkit")

@@ -21,13 +21,13 @@ from redis_state import do, redis
 from rich.console import Console
 from typer.testing import CliRunner, Result
 
-from claimkit._cli import app
-from claimkit._cli_ops import watch_queue
-from claimkit._inspect import queue_key_types
-from claimkit._models import Invalid, parse_member
-from claimkit._producer import Producer
-from claimkit._protocol import QueueOps, new_token
-from claimkit._store import Arg, Store, open_store
+from claimkit.cli.app import app
+from claimkit.cli.ops_commands import watch_queue
+from claimkit.ops.inspect import queue_key_types
+from claimkit.producer import Producer
+from claimkit.protocol.models import Invalid, parse_member
+from claimkit.protocol.ops import QueueOps, new_token
+from claimkit.store.api import Arg, Store, open_store
 
 T = TypeVar("T")
 

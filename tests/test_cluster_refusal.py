@@ -14,10 +14,10 @@ import trio
 from cluster import RedisCluster, redis_cluster
 from typer.testing import CliRunner
 
-from claimkit._cli import app
-from claimkit._server_checks import ClusterUnsupported
-from claimkit._store import StoreError, open_store
-from claimkit._store_coredis import open_coredis_store
+from claimkit.cli.app import app
+from claimkit.store.api import StoreError, open_store
+from claimkit.store.coredis_store import open_coredis_store
+from claimkit.store.server_checks import ClusterUnsupported
 
 __all__ = ["redis_cluster"]  # the fixture, imported for pytest
 
@@ -103,7 +103,7 @@ async def test_a_moved_reply_is_readable_and_refused(redis_cluster: RedisCluster
 
 
 async def test_a_standalone_redis_is_not_refused(store: object) -> None:
-    from claimkit._server_checks import StandaloneOnly
+    from claimkit.store.server_checks import StandaloneOnly
 
     assert isinstance(store, StandaloneOnly)
     with trio.fail_after(10):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from claimkit._config import Config, ConfigError, load_config
+from claimkit.config import Config, ConfigError, load_config
 
 QUEUE = {"queue_name": "q", "igw_base_url": "http://gw:8000"}
 ENV = {"REDIS_URL": "redis://env-host:6379/0"}
@@ -254,6 +254,6 @@ def test_unknown_queue_lookup() -> None:
     ],
 )
 def test_passwords_are_masked(text: str, shown: str) -> None:
-    from claimkit._store import redact_url
+    from claimkit.store.api import redact_url
 
     assert redact_url(text) == shown

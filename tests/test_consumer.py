@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import trio
 
-from claimkit._config import load_config
-from claimkit._consumer import Consumer, QueueRuntime
-from claimkit._dispatch import Done, Outcome, Retry
-from claimkit._models import Envelope, TerminalRecord
-from claimkit._producer import Producer
-from claimkit._sim import SimConfig, serve_sim
-from claimkit._store import Store, open_store
+from claimkit.config import load_config
+from claimkit.consumer.consumer import Consumer, QueueRuntime
+from claimkit.consumer.dispatch import Done, Outcome, Retry
+from claimkit.dev.sim import SimConfig, serve_sim
+from claimkit.producer import Producer
+from claimkit.protocol.models import Envelope, TerminalRecord
+from claimkit.store.api import Store, open_store
 
 Q = "requests"
 
@@ -212,7 +212,7 @@ async def test_a_drained_claim_counts_as_released_elsewhere_not_taken_over(
 ) -> None:
     """The summary tells a claim another owner took from one handed back to pending by
     someone else (here ``drain``): after a drain nothing was taken over, nothing lost."""
-    from claimkit._drain import drain_claims
+    from claimkit.ops.drain import drain_claims
 
     started = trio.Event()
     cancelled = trio.Event()

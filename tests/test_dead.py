@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 
-from claimkit._dead import (
+from claimkit.ops.dead import (
     DeadLetter,
     PurgeReport,
     find_dead,
@@ -16,8 +16,8 @@ from claimkit._dead import (
     purge_dead,
     requeue_dead,
 )
-from claimkit._protocol import CHUNK, QueueOps
-from claimkit._store import Store
+from claimkit.protocol.ops import CHUNK, QueueOps
+from claimkit.store.api import Store
 
 Q = "{t}:jobs"
 DEAD = f"{Q}:dead"
@@ -151,7 +151,7 @@ async def test_requeue_all_pages_past_one_chunk_around_stuck_members(store: Stor
 
 
 async def test_the_requeue_script_skips_members_no_longer_dead(store: Store) -> None:
-    from claimkit._dead import _requeue
+    from claimkit.ops.dead import _requeue
 
     with trio.fail_after(10):
         raw = member("a", 1_900_000_000)
@@ -170,7 +170,7 @@ async def test_a_requeued_poison_request_is_served_again(store: Store) -> None:
         raw = member("p", deadline)
         await store.command("ZADD", Q, deadline, raw)
         await store.command("HSET", f"{Q}:deliveries", "p", 9)
-        from claimkit._models import Envelope, parse_member
+        from claimkit.protocol.models import Envelope, parse_member
 
         env = parse_member(raw)
         assert isinstance(env, Envelope)
@@ -221,8 +221,8 @@ async def test_find_dead_reads_every_page(store: Store) -> None:
 
 
 def test_the_cause_of_death_is_found_again_from_the_member() -> None:
-    from claimkit._dead import CAUSE_INVALID, CAUSE_MAX_DELIVERIES, DeathCause
-    from claimkit._keys import reserved_keys
+    from claimkit.ops.dead import CAUSE_INVALID, CAUSE_MAX_DELIVERIES, DeathCause
+    from claimkit.protocol.keys import reserved_keys
 
     reserved = reserved_keys([Q], "retry-sortedset")
     routed = json.dumps(

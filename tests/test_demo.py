@@ -1,4 +1,4 @@
-"""``claimkit demo`` (:mod:`claimkit._demo`): the durability demo, run for real.
+"""``claimkit demo`` (:mod:`claimkit.dev.demo`): the durability demo, run for real.
 
 The slow test runs the whole demo with 60 requests: a private Redis, the simulator and two
 ``claimkit serve`` subprocesses, one SIGKILLed while it holds claims. It must pass (exit 0,
@@ -18,9 +18,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from claimkit._cli import app
-from claimkit._demo import _Report, _summary_table, run_demo
-from claimkit._redis_server import BINARY_ENV, not_found_message
+from claimkit.cli.app import app
+from claimkit.dev.demo import _Report, _summary_table, run_demo
+from claimkit.dev.redis_server import BINARY_ENV, not_found_message
 
 
 @pytest.mark.slow

@@ -20,9 +20,9 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from redis_state import server_now
 
-from claimkit._config import Config, load_config
-from claimkit._consumer import Consumer
-from claimkit._dispatch import (
+from claimkit.config import Config, load_config
+from claimkit.consumer.consumer import Consumer
+from claimkit.consumer.dispatch import (
     DEADLINE_MARGIN,
     Done,
     Retry,
@@ -33,8 +33,10 @@ from claimkit._dispatch import (
     dispatch,
     open_http_client,
 )
-from claimkit._http import HttpClient
-from claimkit._models import (
+from claimkit.consumer.http import HttpClient
+from claimkit.dev.sim import SimApp, SimConfig, serve_sim
+from claimkit.producer import Producer
+from claimkit.protocol.models import (
     LAST_RESPONSE_FIELD,
     LAST_RESPONSE_MAX_BYTES,
     Envelope,
@@ -43,9 +45,7 @@ from claimkit._models import (
     parse_member,
     retry_member,
 )
-from claimkit._producer import Producer
-from claimkit._sim import SimApp, SimConfig, serve_sim
-from claimkit._store import Store
+from claimkit.store.api import Store
 
 TIMEOUT = 10.0  # absolute cap for every test, seconds
 PREFIX = "Failed to send request to inference: "

@@ -4,10 +4,10 @@
   file that exists and, when it has one, a heading anchor that exists there (GitHub's slug
   rules). So does every ``docs/x.md#anchor`` citation in those files and in the code
   (``claimkit/*.py``, ``lua/*.lua``), which cites docs the same way.
-- Every metric ``claimkit/_metrics.py`` registers has a row in ``docs/metrics.md`` with its
+- Every metric ``claimkit/consumer/metrics.py`` registers has a row in ``docs/metrics.md`` with its
   exported name and type, every label is listed, and no row names a metric that does not
   exist.
-- Every field ``claimkit/_config.py`` accepts has a row in ``docs/configuration.md`` (the
+- Every field ``claimkit/config.py`` accepts has a row in ``docs/configuration.md`` (the
   numeric ones with their default), and every ``claimkit serve`` flag is in its flags table.
 
 The lists come from the code, not from this file, so a new metric, field or flag without a
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import typer
 
-from claimkit import _config
-from claimkit._cli import app
-from claimkit._config import QueueConfig
-from claimkit._metrics import Metrics
+from claimkit import config as _config
+from claimkit.cli.app import app
+from claimkit.config import QueueConfig
+from claimkit.consumer.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

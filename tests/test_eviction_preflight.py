@@ -17,9 +17,9 @@ from conftest import RedisFactory
 from redis_state import mask_noperm
 from typer.testing import CliRunner
 
-from claimkit._cli import app
-from claimkit._serve import _check_eviction
-from claimkit._store import open_store
+from claimkit.cli.app import app
+from claimkit.consumer.serve import _check_eviction
+from claimkit.store.api import open_store
 
 
 def transport(url: str) -> str:

@@ -18,10 +18,11 @@ import redis_state
 import trio
 from redis_state import Between, server_now
 
-from claimkit._config import QueueConfig
-from claimkit._gates import GateError, make_gate
-from claimkit._keys import QueueKeys
-from claimkit._models import (
+from claimkit.config import QueueConfig
+from claimkit.consumer.gates import GateError, make_gate
+from claimkit.producer import Producer
+from claimkit.protocol.keys import QueueKeys
+from claimkit.protocol.models import (
     DEADLINE_INVALID_MESSAGE,
     Envelope,
     ErrorCode,
@@ -30,9 +31,8 @@ from claimkit._models import (
     parse_member,
     retry_member,
 )
-from claimkit._producer import Producer
-from claimkit._protocol import AckItem, ClaimCode, QueueOps, move_retries, new_token
-from claimkit._store import Store, open_store
+from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps, move_retries, new_token
+from claimkit.store.api import Store, open_store
 
 Q = "{tenant-b}:jobs"
 K = QueueKeys.for_queue(Q)

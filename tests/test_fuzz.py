@@ -30,12 +30,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from claimkit._cli import app
-from claimkit._config import Config, ConfigError, load_config
-from claimkit._consumer import Consumer
-from claimkit._models import Invalid, parse_member
-from claimkit._sim import SimConfig, serve_sim
-from claimkit._store import Store
+from claimkit.cli.app import app
+from claimkit.config import Config, ConfigError, load_config
+from claimkit.consumer.consumer import Consumer
+from claimkit.dev.sim import SimConfig, serve_sim
+from claimkit.protocol.models import Invalid, parse_member
+from claimkit.store.api import Store
 
 Q = "{fz}:q"
 DEAD = f"{Q}:dead"

@@ -16,11 +16,11 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from claimkit._cli import app
-from claimkit._config import ConfigError, load_config
-from claimkit._consumer import key_roles
-from claimkit._gates import LocalMaxConcurrencyGate, RedisBudgetGate, make_gate
-from claimkit._store import Store
+from claimkit.cli.app import app
+from claimkit.config import ConfigError, load_config
+from claimkit.consumer.consumer import key_roles
+from claimkit.consumer.gates import LocalMaxConcurrencyGate, RedisBudgetGate, make_gate
+from claimkit.store.api import Store
 
 GW = "http://127.0.0.1:9"
 

@@ -1,4 +1,4 @@
-"""claimkit's own HTTP/1.1 client (``claimkit._http``) over real sockets.
+"""claimkit's own HTTP/1.1 client (``claimkit.consumer.http``) over real sockets.
 
 Against the simulator (hypercorn) and small raw trio servers that misbehave on purpose:
 connection reuse, a server closing idle connections, timeouts in each phase, partial and
@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from claimkit._http import (
+from claimkit.consumer.http import (
     KEEPALIVE_EXPIRY_SECONDS,
     BodyError,
     ConnectError,
@@ -25,7 +25,7 @@ from claimkit._http import (
     ReadTimeout,
     RemoteProtocolError,
 )
-from claimkit._sim import SimApp, SimConfig, serve_sim
+from claimkit.dev.sim import SimApp, SimConfig, serve_sim
 
 TIMEOUT = 10.0
 JSON = [(b"Content-Type", b"application/json")]

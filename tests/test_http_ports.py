@@ -588,7 +588,7 @@ def test_a_bind_address_that_cannot_be_bound_is_one_line(
 
 
 def test_http_fields_in_the_config_and_their_defaults() -> None:
-    from claimkit._config import ConfigError, load_config
+    from claimkit.config import ConfigError, load_config
 
     url = {"url": "redis://127.0.0.1:1/0"}
     plain = load_config(inline=CONFIG, flags=url)

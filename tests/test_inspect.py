@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import trio
 
-from claimkit import _inspect
-from claimkit._inspect import (
+from claimkit.ops import inspect as _inspect
+from claimkit.ops.inspect import (
     ClaimRow,
     WrongKeyType,
     check_key_types,
@@ -22,8 +22,8 @@ from claimkit._inspect import (
     snapshot,
     with_scores,
 )
-from claimkit._protocol import new_token
-from claimkit._store import Store
+from claimkit.protocol.ops import new_token
+from claimkit.store.api import Store
 
 Q = "{tenant-a}:requests"
 TOKEN_A = "a" * 32

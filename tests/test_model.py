@@ -35,16 +35,16 @@ from hypothesis.stateful import (
 )
 from redis_state import pairs
 
-from claimkit._keys import QueueKeys
-from claimkit._models import (
+from claimkit.protocol.keys import QueueKeys
+from claimkit.protocol.models import (
     Envelope,
     TerminalRecord,
     max_deliveries_message,
     parse_member,
     retry_member,
 )
-from claimkit._protocol import AckItem, QueueOps, move_retries
-from claimkit._store import Store
+from claimkit.protocol.ops import AckItem, QueueOps, move_retries
+from claimkit.store.api import Store
 
 T = TypeVar("T")
 

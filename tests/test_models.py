@@ -13,7 +13,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from claimkit._models import (
+from claimkit.producer import CANCEL_TTL_SECONDS, Producer, SubmitError
+from claimkit.protocol.models import (
     DEADLINE_INVALID_MESSAGE,
     Envelope,
     ErrorCode,
@@ -22,10 +23,9 @@ from claimkit._models import (
     parse_member,
     retry_member,
 )
-from claimkit._producer import CANCEL_TTL_SECONDS, Producer, SubmitError
-from claimkit._protocol import ClaimCode, QueueOps, new_token
-from claimkit._scripts import Script
-from claimkit._store import Arg, Store
+from claimkit.protocol.ops import ClaimCode, QueueOps, new_token
+from claimkit.store.api import Arg, Store
+from claimkit.store.scripts import Script
 
 Q = "requests"
 TOKEN = "0123456789abcdef" * 2

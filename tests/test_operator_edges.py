@@ -30,11 +30,11 @@ import trio
 from redis_state import do
 from typer.testing import CliRunner, Result
 
-from claimkit._cli import app
-from claimkit._cli_ops import follow_results
-from claimkit._console import format_duration, format_time
-from claimkit._redis_server import RedisServer
-from claimkit._store import Arg, Store, StoreUnavailable
+from claimkit.cli.app import app
+from claimkit.cli.console import format_duration, format_time
+from claimkit.cli.ops_commands import follow_results
+from claimkit.dev.redis_server import RedisServer
+from claimkit.store.api import Arg, Store, StoreUnavailable
 
 T = TypeVar("T")
 runner = CliRunner()
@@ -394,7 +394,7 @@ def test_drain_dry_run_table_states_no_total_that_could_disagree(
     """The table (one bounded read) and the count (batched reads, like a real drain's) are
     two reads; the table states no total of its own, so a consumer claiming between them
     cannot make the output contradict itself."""
-    import claimkit._inspect as inspect_module
+    import claimkit.ops.inspect as inspect_module
 
     do(redis_url, *_claims("dq", ["a", "b", "c"]), *_claims("dq", ["g"], owner=False))
     real = inspect_module.snapshot

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import trio
 
-from claimkit._drain import DrainReport, drain_claims
-from claimkit._protocol import CHUNK
-from claimkit._scripts import Script
-from claimkit._store import Arg, Store
+from claimkit.ops.drain import DrainReport, drain_claims
+from claimkit.protocol.ops import CHUNK
+from claimkit.store.api import Arg, Store
+from claimkit.store.scripts import Script
 
 Q = "jobs"
 

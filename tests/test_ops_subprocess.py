@@ -31,10 +31,10 @@ import pytest
 from held_gateway import held_gateway
 from redis_state import do, redis
 
-from claimkit._models import Envelope, parse_member
-from claimkit._producer import Producer
-from claimkit._protocol import CHUNK, QueueOps, new_token
-from claimkit._store import Store
+from claimkit.producer import Producer
+from claimkit.protocol.models import Envelope, parse_member
+from claimkit.protocol.ops import CHUNK, QueueOps, new_token
+from claimkit.store.api import Store
 
 pytestmark = pytest.mark.slow
 

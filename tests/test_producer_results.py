@@ -7,9 +7,9 @@ from redis_state import do
 from typer.testing import CliRunner
 
 from claimkit import Producer
-from claimkit._cli import app
-from claimkit._models import TerminalRecord
-from claimkit._store import Store
+from claimkit.cli.app import app
+from claimkit.protocol.models import TerminalRecord
+from claimkit.store.api import Store
 
 DEEP = b"[" * 100_000  # json.loads raises RecursionError, not ValueError
 

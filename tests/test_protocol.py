@@ -20,8 +20,8 @@ import pytest
 import trio
 from redis_state import Between, server_now, snapshot
 
-from claimkit._keys import QueueKeys
-from claimkit._models import (
+from claimkit.protocol.keys import QueueKeys
+from claimkit.protocol.models import (
     DEADLINE_INVALID_MESSAGE,
     Envelope,
     ErrorCode,
@@ -31,7 +31,7 @@ from claimkit._models import (
     parse_member,
     retry_member,
 )
-from claimkit._protocol import (
+from claimkit.protocol.ops import (
     CHUNK,
     RENEW_CHUNK,
     AckItem,
@@ -41,8 +41,8 @@ from claimkit._protocol import (
     new_token,
     token_time,
 )
-from claimkit._scripts import Script
-from claimkit._store import Arg, ScriptCall, Store, StoreError
+from claimkit.store.api import Arg, ScriptCall, Store, StoreError
+from claimkit.store.scripts import Script
 
 Q = "{tenant-a}:requests"
 K = QueueKeys.for_queue(Q)

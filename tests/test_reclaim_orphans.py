@@ -22,13 +22,13 @@ from held_gateway import held_gateway
 from redis_state import command_calls, do, pairs, server_now, snapshot
 from typer.testing import CliRunner
 
-from claimkit._cli import app
-from claimkit._inspect import snapshot as inspect_snapshot
-from claimkit._keys import QueueKeys
-from claimkit._models import Envelope, parse_member
-from claimkit._producer import Producer
-from claimkit._protocol import QueueOps, new_token
-from claimkit._store import Store
+from claimkit.cli.app import app
+from claimkit.ops.inspect import snapshot as inspect_snapshot
+from claimkit.producer import Producer
+from claimkit.protocol.keys import QueueKeys
+from claimkit.protocol.models import Envelope, parse_member
+from claimkit.protocol.ops import QueueOps, new_token
+from claimkit.store.api import Store
 
 Q = "orphans"
 K = QueueKeys.for_queue(Q)
@@ -462,7 +462,7 @@ def server_now_sync(url: str) -> float:
 
 
 async def test_drain_releases_an_orphan_without_counting_a_delivery(store: Store) -> None:
-    from claimkit._drain import drain_claims
+    from claimkit.ops.drain import drain_claims
 
     with trio.fail_after(10):
         now = int(await server_now(store))

@@ -1,4 +1,5 @@
-"""The private Redis server (claimkit._redis_server) and the Redis fixtures, on real processes."""
+"""The private Redis server (claimkit.dev.redis_server) and the Redis fixtures, on real
+processes."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from claimkit import _redis_server
-from claimkit._redis_server import (
+from claimkit.dev import redis_server as _redis_server
+from claimkit.dev.redis_server import (
     BINARY_ENV,
     FALLBACK_REQUIREMENT,
     LOG_NAME,
@@ -27,7 +28,7 @@ from claimkit._redis_server import (
     find_server_binary,
     not_found_message,
 )
-from claimkit._store import Store, StoreUnavailable, open_store
+from claimkit.store.api import Store, StoreUnavailable, open_store
 
 RedisFactory = Callable[..., RedisServer]
 
@@ -345,7 +346,7 @@ def test_start_times_out_with_the_log(tmp_path: Path) -> None:
 def test_leftover_servers_are_killed_at_exit() -> None:
     # A program that forgets to stop its server: the interpreter's exit kills it.
     code = (
-        "from claimkit._redis_server import RedisServer\n"
+        "from claimkit.dev.redis_server import RedisServer\n"
         "server = RedisServer()\n"
         "server.start()\n"
         "print(server.pid, server.directory, flush=True)\n"

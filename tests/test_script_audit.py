@@ -20,9 +20,9 @@ import pytest
 import trio
 from conftest import RedisFactory
 
-from claimkit._keys import QueueKeys
-from claimkit._scripts import all_scripts
-from claimkit._store import Arg, Store, StoreError, open_store
+from claimkit.protocol.keys import QueueKeys
+from claimkit.store.api import Arg, Store, StoreError, open_store
+from claimkit.store.scripts import all_scripts
 
 Q = "q"
 K = QueueKeys.for_queue(Q)

@@ -1,4 +1,4 @@
-"""The Lua script registry (``claimkit/_scripts.py``) and its contract with the callers.
+"""The Lua script registry (``claimkit/store/scripts.py``) and its contract with the callers.
 
 - Scripts load from the installed package (``claimkit/lua``, what the wheel ships) and,
   without an install, from the source tree's top-level ``lua/``.
@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 import trio
 
-from claimkit import _scripts
-from claimkit._models import Envelope, Invalid, TerminalRecord, parse_member
-from claimkit._protocol import AckItem, QueueOps, move_retries
-from claimkit._scripts import Script, ScriptError, all_scripts, script
-from claimkit._store import Arg, ScriptCall, Store, StoreError
+from claimkit.protocol.models import Envelope, Invalid, TerminalRecord, parse_member
+from claimkit.protocol.ops import AckItem, QueueOps, move_retries
+from claimkit.store import scripts as _scripts
+from claimkit.store.api import Arg, ScriptCall, Store, StoreError
+from claimkit.store.scripts import Script, ScriptError, all_scripts, script
 
 SOURCE_LUA = Path(__file__).resolve().parent.parent / "lua"
 """The source tree's ``lua/`` (tests run from a checkout)."""
@@ -128,8 +128,10 @@ def test_the_loader_falls_back_to_the_source_tree(
     package = tmp_path / "claimkit"  # a package directory without lua/
     package.mkdir()
     monkeypatch.setattr(resources, "files", lambda _name: package)
-    # As if running from the checkout (the installed copy of _scripts.py has no ../lua).
-    monkeypatch.setattr(_scripts, "__file__", str(SOURCE_LUA.parent / "claimkit" / "_scripts.py"))
+    # As if running from the checkout (the installed copy of store/scripts.py has no ../../lua).
+    monkeypatch.setattr(
+        _scripts, "__file__", str(SOURCE_LUA.parent / "claimkit" / "store" / "scripts.py")
+    )
     assert _scripts._lua_dir() == SOURCE_LUA
     scripts = all_scripts()
     assert set(scripts) >= set(PROTOCOL_SCRIPTS)
@@ -143,7 +145,7 @@ def test_no_lua_anywhere_is_a_script_error(
     package = tmp_path / "pkg" / "claimkit"
     package.mkdir(parents=True)
     monkeypatch.setattr(resources, "files", lambda _name: package)
-    monkeypatch.setattr(_scripts, "__file__", str(package / "_scripts.py"))
+    monkeypatch.setattr(_scripts, "__file__", str(package / "store" / "scripts.py"))
     with pytest.raises(ScriptError, match="Lua scripts are missing"):
         all_scripts()
 

@@ -11,9 +11,9 @@ import pytest
 from redis_state import do
 from typer.testing import CliRunner
 
-from claimkit._cli import app
-from claimkit._config import ConfigError, load_config
-from claimkit._redis_server import RedisServer
+from claimkit.cli.app import app
+from claimkit.config import ConfigError, load_config
+from claimkit.dev.redis_server import RedisServer
 
 RedisFactory = Callable[..., RedisServer]
 PASSWORD = "s3cret pw/@:"

@@ -21,10 +21,10 @@ import trio
 from held_gateway import held_gateway
 from redis_state import free_port, wait_port
 
-from claimkit._producer import Producer
-from claimkit._redis_server import RedisServer
-from claimkit._serve import _EarlySignals
-from claimkit._store import Store, open_store
+from claimkit.consumer.serve import _EarlySignals
+from claimkit.dev.redis_server import RedisServer
+from claimkit.producer import Producer
+from claimkit.store.api import Store, open_store
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 
-from claimkit._sim import SimApp, SimConfig, parse_latency, serve_sim
+from claimkit.dev.sim import SimApp, SimConfig, parse_latency, serve_sim
 
 TIMEOUT = 10.0  # absolute cap for every test, seconds
 
@@ -268,7 +268,7 @@ def test_config_validation(kwargs: dict[str, Any], message: str) -> None:
 
 @pytest.mark.slow
 async def test_run_sim_forever_subprocess(http: httpx.AsyncClient) -> None:
-    code = "from claimkit._sim import *; run_sim_forever(SimConfig(rate_5xx=1.0))"
+    code = "from claimkit.dev.sim import *; run_sim_forever(SimConfig(rate_5xx=1.0))"
     with trio.fail_after(TIMEOUT):
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -315,7 +315,7 @@ def test_run_sim_forever_bind_error_is_plain_oserror() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code = f"from claimkit._sim import *; run_sim_forever(SimConfig(port={port}))"
+        code = f"from claimkit.dev.sim import *; run_sim_forever(SimConfig(port={port}))"
         done = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT
         )

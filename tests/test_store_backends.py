@@ -1,4 +1,5 @@
-"""Both store backends (claimkit._store_coredis, claimkit._store_redispy) on a private Redis.
+"""Both store backends (claimkit.store.coredis_store, claimkit.store.redispy_store) on a
+private Redis.
 
 Every test that takes ``backend`` runs once per backend; the redis-py one is skipped, with
 the reason, where the ``redispy`` extra cannot be used (not installed, or Python >= 3.14).
@@ -21,14 +22,14 @@ import pytest
 import trio
 from redis_state import command_calls
 
-from claimkit import _keys
-from claimkit._config import ConfigError
-from claimkit._models import Envelope, TerminalRecord, parse_member
-from claimkit._protocol import AckItem, ClaimCode, QueueOps
-from claimkit._redis_server import RedisServer
-from claimkit._scripts import Script
-from claimkit._store import Arg, Store, StoreError, StoreUnavailable, open_store
-from claimkit._store_redispy import load_backend
+from claimkit.config import ConfigError
+from claimkit.dev.redis_server import RedisServer
+from claimkit.protocol import keys as _keys
+from claimkit.protocol.models import Envelope, TerminalRecord, parse_member
+from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps
+from claimkit.store.api import Arg, Store, StoreError, StoreUnavailable, open_store
+from claimkit.store.redispy_store import load_backend
+from claimkit.store.scripts import Script
 
 RedisFactory = Callable[..., RedisServer]
 

@@ -19,10 +19,12 @@ import trio
 from redis_state import do, redis
 from typer.testing import CliRunner, Result
 
-from claimkit._cli import app
-from claimkit._config import load_config
-from claimkit._consumer import Consumer
-from claimkit._models import (
+from claimkit.cli.app import app
+from claimkit.config import load_config
+from claimkit.consumer.consumer import Consumer
+from claimkit.dev.sim import SimConfig, serve_sim
+from claimkit.producer import Producer, SubmitError
+from claimkit.protocol.models import (
     DEADLINE_INVALID_MESSAGE,
     DEADLINE_RANGE_MESSAGE,
     MAX_DEADLINE,
@@ -30,9 +32,7 @@ from claimkit._models import (
     Invalid,
     parse_member,
 )
-from claimkit._producer import Producer, SubmitError
-from claimkit._sim import SimConfig, serve_sim
-from claimkit._store import Store
+from claimkit.store.api import Store
 
 T = TypeVar("T")
 Q = "sq"

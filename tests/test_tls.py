@@ -23,10 +23,10 @@ import trustme
 from redis_state import free_port
 from typer.testing import CliRunner
 
-from claimkit._cli import app
-from claimkit._config import ConfigError, load_config
-from claimkit._redis_server import RedisServer, RedisServerError
-from claimkit._store import StoreError, StoreTlsError, StoreUnavailable, open_store
+from claimkit.cli.app import app
+from claimkit.config import ConfigError, load_config
+from claimkit.dev.redis_server import RedisServer, RedisServerError
+from claimkit.store.api import StoreError, StoreTlsError, StoreUnavailable, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -357,9 +357,9 @@ def test_a_tls_file_bad_at_connect_time_is_a_tls_error(
 ) -> None:
     """A file that turned bad after the URL was checked (the clients load the files when
     they build their TLS context): the store still raises one named line."""
-    from claimkit._store import tls_settings
-    from claimkit._store_coredis import open_coredis_store
-    from claimkit._store_redispy import open_redispy_store
+    from claimkit.store.api import tls_settings
+    from claimkit.store.coredis_store import open_coredis_store
+    from claimkit.store.redispy_store import open_redispy_store
 
     port = tls_redis(redis_factory, certs, auth_clients=True)
     url, line = bad_file(case, certs, port)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ._config import QueueConfig
+from claimkit.config import QueueConfig
 
 __all__ = ["Metrics", "QueueMetrics"]
 

@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ._config import QueueConfig
-    from ._store import Store
+    from claimkit.config import QueueConfig
+    from claimkit.store.api import Store
 
 __all__ = [
     "DEFAULT_BUDGET_KEY",

@@ -28,7 +28,7 @@ The rules, all from docs/dispatch.md:
   is finished now instead of being parked only to expire.
 - "The last HTTP response" spans attempts: a parked request carries its last response
   (status and body, bounded) in its retry member (``Envelope.last_response``, see
-  :data:`claimkit._models.LAST_RESPONSE_FIELD`), so after the deadline the record is the
+  :data:`claimkit.protocol.models.LAST_RESPONSE_FIELD`), so after the deadline the record is the
   429 it kept getting, whichever process made the last attempt.
 """
 
@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, TypeAlias
 import msgspec
 import trio
 
-from . import _http
-from ._models import ErrorCode, TerminalRecord
+from claimkit.consumer import http as _http
+from claimkit.protocol.models import ErrorCode, TerminalRecord
 
 if TYPE_CHECKING:
-    from ._models import Envelope
+    from claimkit.protocol.models import Envelope
 
 __all__ = [
     "DEADLINE_MARGIN",
@@ -125,7 +125,7 @@ class Retry:
         delay: backoff in seconds, > 0.
         last: the record the last HTTP response would make (status and body), or ``None``
             when the attempt got no readable response (the body failed to read). The
-            parked member carries it (:func:`claimkit._models.retry_member`).
+            parked member carries it (:func:`claimkit.protocol.models.retry_member`).
     """
 
     delay: float
@@ -408,10 +408,10 @@ async def dispatch(
 def open_http_client(concurrency: int) -> _http.HttpClient:
     """A gateway client for up to ``concurrency`` requests in flight at once.
 
-    It is claimkit's own HTTP/1.1 client (:class:`claimkit._http.HttpClient`, h11 over
+    It is claimkit's own HTTP/1.1 client (:class:`claimkit.consumer.http.HttpClient`, h11 over
     trio streams): redirects are never followed (docs/dispatch.md), up to ``concurrency``
     connections are open at once, so a full worker pool never waits for a connection, and
-    idle ones are kept for reuse for :data:`claimkit._http.KEEPALIVE_EXPIRY_SECONDS`
+    idle ones are kept for reuse for :data:`claimkit.consumer.http.KEEPALIVE_EXPIRY_SECONDS`
     (1.5 s, below common gateway keep-alive timeouts: a request written on a connection the
     server is closing is never re-sent, so that race must stay rare). :func:`dispatch`
     sets the timeout of every attempt.

@@ -591,7 +591,7 @@ def _log_tail(path: Path, offset: int) -> str:
 
 
 def main() -> int:
-    """``python -m claimkit._redis_server``: print the binary the tests and the demo run.
+    """``python -m claimkit.dev.redis_server``: print the binary the tests and the demo run.
 
     Exit status 0 with its path on stdout, or 1 with :func:`not_found_message` on stderr
     (``nox -s tests`` and ``nox -s demo`` call it before they start).

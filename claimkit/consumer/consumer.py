@@ -33,20 +33,34 @@ from typing import TYPE_CHECKING, Any
 import trio
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from . import _keys
-from ._config import ConfigError
-from ._dispatch import Done, Outcome, Retry, Target, dispatch, open_http_client
-from ._gates import Gate, GateError, budget_key, make_gate
-from ._inspect import WrongKeyType, first_wrong_type
-from ._metrics import Metrics, QueueMetrics
-from ._models import Envelope, ErrorCode, Invalid, TerminalRecord, parse_member, retry_member
-from ._protocol import AckItem, ClaimCode, QueueOps, move_retries, new_token, orphans_message
-from ._store import StoreError, StorePermissionError, StoreUnavailable
+from claimkit.config import ConfigError
+from claimkit.consumer.dispatch import Done, Outcome, Retry, Target, dispatch, open_http_client
+from claimkit.consumer.gates import Gate, GateError, budget_key, make_gate
+from claimkit.consumer.metrics import Metrics, QueueMetrics
+from claimkit.ops.inspect import WrongKeyType, first_wrong_type
+from claimkit.protocol import keys as _keys
+from claimkit.protocol.models import (
+    Envelope,
+    ErrorCode,
+    Invalid,
+    TerminalRecord,
+    parse_member,
+    retry_member,
+)
+from claimkit.protocol.ops import (
+    AckItem,
+    ClaimCode,
+    QueueOps,
+    move_retries,
+    new_token,
+    orphans_message,
+)
+from claimkit.store.api import StoreError, StorePermissionError, StoreUnavailable
 
 if TYPE_CHECKING:
-    from ._config import Config, QueueConfig
-    from ._http import HttpClient
-    from ._store import Store
+    from claimkit.config import Config, QueueConfig
+    from claimkit.consumer.http import HttpClient
+    from claimkit.store.api import Store
 
 __all__ = ["Consumer", "Handler", "KeyRole", "QueueRuntime", "Summary", "check_keys", "key_roles"]
 
@@ -540,7 +554,7 @@ class Consumer:
 
         Two refusals are of that kind:
 
-        - an ACL refusal (:class:`~claimkit._store.StorePermissionError`, ``NOPERM``): the
+        - an ACL refusal (:class:`~claimkit.store.api.StorePermissionError`, ``NOPERM``): the
           user may not run a command or touch a key the consumer needs; every retry would
           be refused the same way, with claims renewed and never finished. The line names
           the user, the command and the key (docs/security.md).

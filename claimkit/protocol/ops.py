@@ -18,12 +18,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import _keys
-from ._models import Envelope, ErrorCode, Invalid, TerminalRecord
-from ._scripts import script
+from claimkit.protocol import keys as _keys
+from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecord
+from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
-    from ._store import Arg, Store
+    from claimkit.store.api import Arg, Store
 
 __all__ = [
     "CHUNK",
@@ -206,8 +206,8 @@ class QueueOps:
             back to a claim without a lease entry (docs/protocol.md, "Claims without a
             lease entry").
 
-    Every method raises :class:`~claimkit._store.StoreUnavailable` or
-    :class:`~claimkit._store.StoreError` as the store does. A chunk that raised may or may
+    Every method raises :class:`~claimkit.store.api.StoreUnavailable` or
+    :class:`~claimkit.store.api.StoreError` as the store does. A chunk that raised may or may
     not have been applied; every script is safe to run again (docs/protocol.md#claim-protocol).
     """
 

@@ -1,4 +1,4 @@
-"""The default store: coredis on trio, through anyio (see :mod:`claimkit._store`)."""
+"""The default store: coredis on trio, through anyio (see :mod:`claimkit.store.api`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from coredis.commands.request import CommandRequest
 from coredis.response._callbacks import NoopCallback
 from coredis.retry import NoRetryPolicy
 
-from ._store import (
+from claimkit.store.api import (
     ACL_LOG_ENTRIES,
     Arg,
     ScriptCall,
@@ -31,7 +31,7 @@ from ._store import (
 )
 
 if TYPE_CHECKING:
-    from ._scripts import Script
+    from claimkit.store.scripts import Script
 
 _NOOP = NoopCallback()  # type: ignore[var-annotated]
 
@@ -75,7 +75,7 @@ def _translated(url: str = "") -> Iterator[None]:
 
 
 # coredis strips the error code from a reply ("MOVED 838 host:port" reads "838 host:port");
-# a cluster's replies need theirs to be understood (claimkit._server_checks refuses them).
+# a cluster's replies need theirs to be understood (claimkit.store.server_checks refuses them).
 _CLUSTER_CODES: tuple[tuple[type[Exception], str], ...] = (
     (cx.MovedError, "MOVED"),
     (cx.AskError, "ASK"),
@@ -93,7 +93,7 @@ def _with_cluster_code(exc: BaseException, text: str) -> str:
 
 
 class CoredisStore:
-    """:class:`claimkit._store.Store` on a ``coredis.Redis`` client."""
+    """:class:`claimkit.store.api.Store` on a ``coredis.Redis`` client."""
 
     def __init__(self, client: coredis.Redis[bytes], url: str) -> None:
         self._client = client

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
-from ._gates import check_gate_address, check_gate_params
-from ._store import check_url
+from claimkit.consumer.gates import check_gate_address, check_gate_params
+from claimkit.store.api import check_url
 
 __all__ = ["Config", "ConfigError", "QueueConfig", "load_config"]
 

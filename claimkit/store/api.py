@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from urllib.parse import parse_qs, unquote, urlsplit
 
 if TYPE_CHECKING:
-    from ._scripts import Script
+    from claimkit.store.scripts import Script
 
 __all__ = [
     "Arg",
@@ -602,7 +602,7 @@ def _script_place(message: str, script_name: str | None) -> str:
     found = _SCRIPT_LINE.search(message)
     if found is None:
         return place
-    from ._scripts import script
+    from claimkit.store.scripts import script
 
     try:
         lines = script(script_name).source.splitlines()
@@ -677,18 +677,18 @@ async def open_store(
             surfaces as :class:`StoreUnavailable` instead of a stuck task.
 
     The store refuses a Redis Cluster node: its first call checks ``INFO`` first and
-    raises :class:`~claimkit._server_checks.ClusterUnsupported` (one line) before anything
+    raises :class:`~claimkit.store.server_checks.ClusterUnsupported` (one line) before anything
     is sent (docs/operations.md, "Redis Cluster").
 
     Raises:
         ValueError: a malformed URL or an unknown backend, before anything connects.
     """
-    from ._server_checks import StandaloneOnly
+    from claimkit.store.server_checks import StandaloneOnly
 
     check_url(url)
     shown, url = url, tls_settings(url)
     if backend == "coredis":
-        from ._store_coredis import open_coredis_store
+        from claimkit.store.coredis_store import open_coredis_store
 
         # coredis runs its pool in a task group, which wraps anything raised in the block
         # in an ExceptionGroup. That group is an implementation detail: unwrap a lone error.
@@ -702,7 +702,7 @@ async def open_store(
                 raise group.exceptions[0] from None
             raise
     elif backend == "redispy":
-        from ._store_redispy import open_redispy_store
+        from claimkit.store.redispy_store import open_redispy_store
 
         async with open_redispy_store(url, timeout=timeout, shown=shown) as store:
             yield StandaloneOnly(store)

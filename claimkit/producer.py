@@ -7,11 +7,11 @@ import secrets
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import _keys
-from ._models import MAX_DEADLINE, Invalid, TerminalRecord, parse_member
+from claimkit.protocol import keys as _keys
+from claimkit.protocol.models import MAX_DEADLINE, Invalid, TerminalRecord, parse_member
 
 if TYPE_CHECKING:
-    from ._store import Arg, Store
+    from claimkit.store.api import Arg, Store
 
 __all__ = ["CANCEL_TTL_SECONDS", "Producer", "SubmitError"]
 
@@ -24,7 +24,7 @@ class SubmitError(ValueError):
     ``str(err)`` is one line saying what is wrong: one of the producer's messages ("request
     ID is required", "deadline is required", "deadline has already expired";
     docs/protocol.md#producer), a more precise one about ``deadline`` or the request's
-    shape, or the consumer's own parser's reason (:func:`claimkit._models.parse_member`,
+    shape, or the consumer's own parser's reason (:func:`claimkit.protocol.models.parse_member`,
     without its ``"Failed: "``), which names the field by its JSON path.
 
     Attributes:
@@ -78,7 +78,7 @@ class Producer:
     """Puts requests on a queue and reads their terminal records.
 
     Args:
-        store: an open :class:`~claimkit._store.Store`.
+        store: an open :class:`~claimkit.store.api.Store`.
         queue: the pending ZSET ``<q>``.
         result_list: the list :meth:`results` reads (default ``result-list``).
     """
@@ -123,8 +123,9 @@ class Producer:
 
     @staticmethod
     def _check(data: Mapping[str, Any], now: float) -> tuple[str, int]:
-        """The producer's checks of ``data`` (docs/protocol.md#producer), with its messages, and
-        the deadline's type and range (:data:`~claimkit._models.MAX_DEADLINE`) said precisely."""
+        """The producer's checks of ``data`` (docs/protocol.md#producer), with its messages,
+        and the deadline's type and range (:data:`~claimkit.protocol.models.MAX_DEADLINE`)
+        said precisely."""
         rid = data.get("id")
         if not isinstance(rid, str) or not rid:
             raise SubmitError("request ID is required")
@@ -174,9 +175,9 @@ class Producer:
         Each request is an envelope (it has ``data``) or a bare ``data`` object, with
         ``id`` (non-empty string) and ``deadline`` (JSON integer, Unix seconds, in the
         future by the Redis server clock, at most
-        :data:`~claimkit._models.MAX_DEADLINE`). Every request is checked before anything is
+        :data:`~claimkit.protocol.models.MAX_DEADLINE`). Every request is checked before anything is
         written: its exact member bytes must pass the consumer's parser
-        (:func:`~claimkit._models.parse_member`), so nothing submitted is later
+        (:func:`~claimkit.protocol.models.parse_member`), so nothing submitted is later
         dead-lettered as malformed. Per request the transaction runs ``DEL
         request-cancel:<id>``, ``SET request-active:<id> <token> PXAT <deadline ms>`` and
         ``ZADD <q> <deadline> <member>``.

@@ -16,10 +16,9 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import trio
 import typer
 
-from ._config import Config, ConfigError, has_password, load_config
-from ._producer import SubmitError
-from ._server_checks import ClusterUnsupported
-from ._store import (
+from claimkit.config import Config, ConfigError, has_password, load_config
+from claimkit.producer import SubmitError
+from claimkit.store.api import (
     CLIENT_CERT_HINT,
     StoreError,
     StorePermissionError,
@@ -27,6 +26,7 @@ from ._store import (
     StoreUnavailable,
     redact_url,
 )
+from claimkit.store.server_checks import ClusterUnsupported
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """The ``claimkit`` command line (docs/cli.md): one typer app.
 
 ``serve``, ``submit``, ``sim`` and ``demo`` live here; the operator commands (``inspect``,
-``drain``, ``reclaim``, ``dead``, ``results``, ``cancel``) in :mod:`claimkit._cli_ops`.
+``drain``, ``reclaim``, ``dead``, ``results``, ``cancel``) in :mod:`claimkit.cli.ops_commands`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ._cli_common import (
+from claimkit.cli.common import (
     QueueName,
     RedisUrl,
     TransportConfig,
@@ -187,7 +187,7 @@ def serve(
     if log_level.upper() != "DEBUG":
         logging.getLogger("httpx").setLevel(logging.WARNING)
         logging.getLogger("coredis").setLevel(logging.WARNING)
-    from ._serve import serve_forever
+    from claimkit.consumer.serve import serve_forever
 
     summary = run(
         lambda: serve_forever(config, backend=store_backend, allow_eviction=allow_eviction),
@@ -267,8 +267,8 @@ def submit(
         return
 
     async def go() -> list[str]:
-        from ._producer import Producer, SubmitError
-        from ._store import open_store
+        from claimkit.producer import Producer, SubmitError
+        from claimkit.store.api import open_store
 
         async with open_store(config.url) as store:
             producer = Producer(store, queue)
@@ -304,7 +304,7 @@ def sim(
 
         claimkit sim --port 8000 --latency 0.01,0.1 --rate-429 0.05
     """
-    from ._sim import SimConfig, parse_latency, run_sim_forever
+    from claimkit.dev.sim import SimConfig, parse_latency, run_sim_forever
 
     try:
         config = SimConfig(
@@ -341,7 +341,7 @@ def demo(
 
         claimkit demo --requests 300
     """
-    from ._demo import run_demo
+    from claimkit.dev.demo import run_demo
 
     raise typer.Exit(run_demo(requests=requests, keep=keep))
 
@@ -400,7 +400,7 @@ def acl(
 
         claimkit acl --role consumer --transport-config-file transport.json
     """
-    from ._acl import ROLES, acl_rule
+    from claimkit.ops.acl import ROLES, acl_rule
 
     config = config_from(
         transport_config,
@@ -424,7 +424,7 @@ def acl(
 def _register_operator_commands() -> None:
     # The operator commands register after serve, submit and the rest, so they are listed
     # last. An ImportError here is a packaging bug: it must surface, not hide five commands.
-    from ._cli_ops import register
+    from claimkit.cli.ops_commands import register
 
     register(app)
 

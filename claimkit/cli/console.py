@@ -1,8 +1,8 @@
 """Everything ``rich`` draws for the operator commands: tables, the live view, the progress
 bar (docs/cli.md). The only module besides ``_cli.py`` allowed to import ``rich``.
 
-Renderers take plain data (:class:`~claimkit._inspect.QueueSnapshot`,
-:class:`~claimkit._dead.DeadLetter`) and return rich renderables; the CLI decides where
+Renderers take plain data (:class:`~claimkit.ops.inspect.QueueSnapshot`,
+:class:`~claimkit.ops.dead.DeadLetter`) and return rich renderables; the CLI decides where
 they go. On a terminal they are coloured; piped, rich writes plain text.
 """
 
@@ -22,8 +22,8 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from ._dead import DeadLetter, DeathCause
-    from ._inspect import ClaimRow, QueueSnapshot
+    from claimkit.ops.dead import DeadLetter, DeathCause
+    from claimkit.ops.inspect import ClaimRow, QueueSnapshot
 
 __all__ = [
     "Console",

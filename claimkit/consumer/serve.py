@@ -14,11 +14,11 @@ from typing import Any
 
 import trio
 
-from ._config import Config, ConfigError
-from ._consumer import Consumer, Summary, check_keys, key_roles
-from ._health import HttpBindError, serve_http
-from ._server_checks import eviction_policy
-from ._store import Store, StoreUnavailable, open_store
+from claimkit.config import Config, ConfigError
+from claimkit.consumer.consumer import Consumer, Summary, check_keys, key_roles
+from claimkit.consumer.health import HttpBindError, serve_http
+from claimkit.store.api import Store, StoreUnavailable, open_store
+from claimkit.store.server_checks import eviction_policy
 
 __all__ = ["serve_forever"]
 

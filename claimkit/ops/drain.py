@@ -2,7 +2,7 @@
 
 Each claim goes back to pending (docs/protocol.md#release-and-sweep) at its original score
 through the fenced release script
-(:meth:`QueueOps.release <claimkit._protocol.QueueOps.release>`), with the owner token and
+(:meth:`QueueOps.release <claimkit.protocol.ops.QueueOps.release>`), with the owner token and
 the lease expiry read just before: a claim acked, released, reclaimed or renewed since it
 was read is left alone. Safe to run while consumers run, and safe to run twice: a second run
 finds nothing (or only claims taken since) to release.
@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._protocol import CHUNK, QueueOps
+from claimkit.protocol.ops import CHUNK, QueueOps
 
 if TYPE_CHECKING:
-    from ._store import Store
+    from claimkit.store.api import Store
 
 __all__ = ["DrainReport", "drain_claims", "list_claim_ids"]
 
@@ -103,7 +103,7 @@ async def drain_claims(
     Raises:
         ValueError: ``batch_size`` < 1.
         StoreUnavailable, StoreError: from the store; batches already done stay done. A
-            user without ``MULTI`` gets :class:`~claimkit._store.StorePermissionError` at
+            user without ``MULTI`` gets :class:`~claimkit.store.api.StorePermissionError` at
             the first batch's read, before any claim is released.
 
     Cancellation: each batch is atomic in Redis; a cancelled drain leaves earlier batches

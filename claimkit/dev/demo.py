@@ -42,16 +42,16 @@ import trio
 from rich.table import Table
 from rich.text import Text
 
-from . import _keys
-from ._console import make_console
-from ._producer import Producer
-from ._redis_server import RedisServer
-from ._store import open_store
+from claimkit.cli.console import make_console
+from claimkit.dev.redis_server import RedisServer
+from claimkit.producer import Producer
+from claimkit.protocol import keys as _keys
+from claimkit.store.api import open_store
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ._store import Store
+    from claimkit.store.api import Store
 
 __all__ = ["run_demo"]
 
@@ -76,7 +76,7 @@ POLL_SECONDS = 0.02  # how often the demo looks at Redis and the log files
 _CLAIMKIT = (
     sys.executable,
     "-c",
-    "import sys; sys.argv[0] = 'claimkit'; from claimkit._cli import main; main()",
+    "import sys; sys.argv[0] = 'claimkit'; from claimkit.cli.app import main; main()",
 )
 _LEFT = ("pending", "claimed", "retrying", "dead")
 _SUMMARY = re.compile(r"claimkit: claimed=.*")

@@ -1,12 +1,12 @@
 """The optional store: redis-py's asyncio client on trio, through trio-asyncio.
 
 ``open_store(url, backend="redispy")`` lands here. It is the user's first design, kept as
-an alternative to the default coredis store (:mod:`claimkit._store_coredis`); see
+an alternative to the default coredis store (:mod:`claimkit.store.coredis_store`); see
 ``docs/store-backends.md`` for the measurements behind that choice. It needs the extra
 ``pip install 'claimkit[redispy]'`` and Python <= 3.13: trio-asyncio does not import on
 Python 3.14 (trio-asyncio issue #160).
 
-Replies are the same raw values the coredis store returns (see :mod:`claimkit._store`):
+Replies are the same raw values the coredis store returns (see :mod:`claimkit.store.api`):
 the client speaks RESP3, like coredis, and every redis-py response callback is removed, so
 ``HGETALL`` is a ``dict`` of bytes, ``ZRANGE ... WITHSCORES`` a list of ``[member, score]``
 pairs with float scores, ``SET`` is ``b"OK"``, script replies are untouched.
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._config import ConfigError
-from ._store import (
+from claimkit.config import ConfigError
+from claimkit.store.api import (
     ACL_LOG_ENTRIES,
     Arg,
     ScriptCall,
@@ -50,7 +50,7 @@ from ._store import (
 )
 
 if TYPE_CHECKING:
-    from ._scripts import Script
+    from claimkit.store.scripts import Script
 
 __all__ = ["RedispyStore", "open_redispy_store"]
 
@@ -102,7 +102,7 @@ def load_backend(version: tuple[int, int] = (sys.version_info[0], sys.version_in
 
 
 class RedispyStore:
-    """:class:`claimkit._store.Store` on a ``redis.asyncio.Redis`` client.
+    """:class:`claimkit.store.api.Store` on a ``redis.asyncio.Redis`` client.
 
     Every call is one asyncio task on the store's trio-asyncio loop, awaited from the
     calling trio task; the loop is passed explicitly, so any task of the trio run may use
@@ -177,7 +177,7 @@ class RedispyStore:
         return await self._client.execute_command("ACL", "LOG", ACL_LOG_ENTRIES)
 
     async def command(self, *args: Arg) -> Any:
-        """Run one command; the raw reply (see :class:`claimkit._store.Store`)."""
+        """Run one command; the raw reply (see :class:`claimkit.store.api.Store`)."""
         return await self._explained(self._client.execute_command, [args], *args)
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
@@ -276,7 +276,7 @@ class RedispyStore:
 
     async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run ``script`` once per ``(keys, args)`` call in one round trip (see
-        :meth:`claimkit._store.Store.run_many`).
+        :meth:`claimkit.store.api.Store.run_many`).
 
         Raises:
             ValueError: a call's ``len(keys) != script.numkeys``; nothing is sent.
@@ -335,7 +335,7 @@ async def open_redispy_store(
     A Redis that is down at start-up is not an error here: the first command reports it.
 
     Args:
-        url: a Redis URL, already checked by :func:`claimkit._store.check_url`.
+        url: a Redis URL, already checked by :func:`claimkit.store.api.check_url`.
         shown: the URL as the user gave it (``url`` with claimkit's TLS defaults added
             is what connects), for :attr:`RedispyStore.url`.
         timeout: seconds allowed for connecting and for each reply (a blocking command's

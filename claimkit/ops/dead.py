@@ -6,12 +6,12 @@ A member lands in ``<q>:dead`` (docs/protocol.md#keys) when it cannot be parsed
 kept, so a dead letter can be put back exactly as the producer wrote it, and the cause of
 its death found again (:meth:`DeadLetter.cause_of_death`).
 
-Requeue moves only members the consumer would accept (:func:`~claimkit._models.parse_member`
-returns an :class:`~claimkit._models.Envelope`); any other is refused with the consumer's
+Requeue moves only members the consumer would accept (:func:`~claimkit.protocol.models.parse_member`
+returns an :class:`~claimkit.protocol.models.Envelope`); any other is refused with the consumer's
 own reason and stays dead, since putting it back would only dead-letter it again. The
 accepted ones go through ``lua/requeue-dead-3.lua``: back to pending at ``data.deadline``,
 delivery count reset, atomically per batch. Members are found by their ``data.id`` by
-reading the dead set in pages of :data:`~claimkit._protocol.CHUNK` (never a keyspace scan).
+reading the dead set in pages of :data:`~claimkit.protocol.ops.CHUNK` (never a keyspace scan).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _keys
-from ._inspect import json_float, with_scores
-from ._models import Invalid, max_deliveries_message, parse_member
-from ._protocol import CHUNK
-from ._scripts import script
+from claimkit.ops.inspect import json_float, with_scores
+from claimkit.protocol import keys as _keys
+from claimkit.protocol.models import Invalid, max_deliveries_message, parse_member
+from claimkit.protocol.ops import CHUNK
+from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
-    from ._store import Arg, Store
+    from claimkit.store.api import Arg, Store
 
 __all__ = [
     "CAUSE_INVALID",
@@ -109,7 +109,7 @@ class DeadLetter:
     @property
     def problem(self) -> str | None:
         """Why requeueing this member would only dead-letter it again, or ``None`` when the
-        consumer would accept it: the reason :func:`~claimkit._models.parse_member` gives
+        consumer would accept it: the reason :func:`~claimkit.protocol.models.parse_member` gives
         (its ``INVALID_REQUEST`` message without the leading ``Failed: ``)."""
         parsed = parse_member(self.member)
         if isinstance(parsed, Invalid):
@@ -126,7 +126,7 @@ class DeadLetter:
         """Why this member died, found again from its bytes by the consumer's own checks.
 
         Only two paths lead into ``<q>:dead``, and the member's bytes tell them apart:
-        the consumer dead-letters what :func:`~claimkit._models.parse_member` refuses (or
+        the consumer dead-letters what :func:`~claimkit.protocol.models.parse_member` refuses (or
         a request whose ``internal.result_queue_name`` names one of the ``reserved``
         keys, unless the queue has a ``result_list_configured``), and a reclaimer
         dead-letters a request it could claim, so one the consumer accepts. The member is
@@ -322,7 +322,7 @@ async def requeue_dead(
     ``data.deadline`` and reset their delivery count (``HDEL <q>:deliveries <id>``), by
     exact bytes.
 
-    A member is requeued only when :func:`~claimkit._models.parse_member` accepts it (the
+    A member is requeued only when :func:`~claimkit.protocol.models.parse_member` accepts it (the
     consumer's own check: JSON, ``request_kind``, ``data.id``, an integer ``data.deadline``
     in range...). Any other is refused, stays dead and is listed in ``refused`` with the
     reason: requeueing it would only dead-letter it again (and at a score of ``inf`` for a

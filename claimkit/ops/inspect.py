@@ -17,13 +17,13 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from . import _keys
-from ._config import ConfigError
-from ._protocol import token_time
-from ._scripts import script
+from claimkit.config import ConfigError
+from claimkit.protocol import keys as _keys
+from claimkit.protocol.ops import token_time
+from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
-    from ._store import Store
+    from claimkit.store.api import Store
 
 __all__ = [
     "CLAIM_SCAN_MAX",
@@ -128,7 +128,7 @@ class ClaimRow:
             them is a ghost, removed by the next reclaim run, docs/protocol.md#reclaim).
         held_seconds: how long this claim has been held, seconds, or ``None`` when not
             known. Exact when the owner token is claimkit's (a UUIDv7 stamped with the
-            claim time, :func:`claimkit._protocol.token_time`); otherwise how long the
+            claim time, :func:`claimkit.protocol.ops.token_time`); otherwise how long the
             caller's ``first_seen`` tracker (``--watch``) has seen the same id and token
             held, a lower bound.
         held_exact: ``held_seconds`` comes from the token's claim time, not a lower bound.

@@ -49,7 +49,7 @@ def _lua_dir() -> Path:
     if packaged.is_dir():
         return Path(str(packaged))
     # Running from a source checkout without an install: the repository's top-level lua/.
-    source = Path(__file__).resolve().parent.parent / "lua"
+    source = Path(__file__).resolve().parents[2] / "lua"
     if source.is_dir():
         return source
     raise ScriptError("claimkit's Lua scripts are missing: neither claimkit/lua nor ./lua exists")

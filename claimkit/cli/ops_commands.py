@@ -5,7 +5,7 @@ They share serve's configuration (docs/configuration.md: ``--transport-config``/
 ``--redis-url``, ``$REDIS_URL``). A queue named with ``--queue`` must be one of the
 configured queues when the config lists queues; with only a Redis URL any name is
 accepted, and a key of the wrong Redis type is one error line. Every error is one line on
-stderr: exit status 1 when the work could not be done (:func:`claimkit._cli_common.run`),
+stderr: exit status 1 when the work could not be done (:func:`claimkit.cli.common.run`),
 2 for a usage error (docs/cli.md, "Exit status"); passwords are never printed.
 """
 
@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import trio
 import typer
 
-from . import _keys
-from ._cli_common import (
+from claimkit.cli.common import (
     EXIT_INTERRUPTED,
     RedisUrl,
     TransportConfig,
@@ -33,14 +32,15 @@ from ._cli_common import (
     run,
     usage_error,
 )
-from ._config import Config, ConfigError, QueueConfig
-from ._store import StoreUnavailable, open_store
+from claimkit.config import Config, ConfigError, QueueConfig
+from claimkit.protocol import keys as _keys
+from claimkit.store.api import StoreUnavailable, open_store
 
 if TYPE_CHECKING:
-    from ._console import Console, RenderableType
-    from ._drain import DrainReport
-    from ._inspect import QueueSnapshot
-    from ._store import Store
+    from claimkit.cli.console import Console, RenderableType
+    from claimkit.ops.drain import DrainReport
+    from claimkit.ops.inspect import QueueSnapshot
+    from claimkit.store.api import Store
 
 __all__ = ["follow_results", "register", "watch_queue"]
 
@@ -86,7 +86,7 @@ class _Target:
         return [self.config.result_queue_name]
 
     def key_types(self) -> dict[str, str]:
-        from ._inspect import queue_key_types
+        from claimkit.ops.inspect import queue_key_types
 
         # The queue's own keys win a name clash: `inspect -q result-list` must say that the
         # key is a list, not a sorted set, rather than check it as the result list.
@@ -150,14 +150,14 @@ def _run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
 
 def _print_json(doc: Any) -> None:
     """Print ``doc`` as strict JSON: a non-finite float becomes ``"inf"``, ``"-inf"`` or
-    ``"nan"`` (:func:`claimkit._inspect.json_safe`), never the invalid ``Infinity``."""
-    from ._inspect import json_safe
+    ``"nan"`` (:func:`claimkit.ops.inspect.json_safe`), never the invalid ``Infinity``."""
+    from claimkit.ops.inspect import json_safe
 
     typer.echo(json.dumps(json_safe(doc), indent=2, ensure_ascii=False, allow_nan=False))
 
 
 def _console() -> Console:
-    from ._console import make_console
+    from claimkit.cli.console import make_console
 
     return make_console()
 
@@ -195,8 +195,14 @@ async def watch_queue(
 
     Cancellation: the normal way out; the last view stays on screen.
     """
-    from ._console import error_view, format_clock, live_view, snapshot_view, watch_status
-    from ._inspect import check_key_types, snapshot
+    from claimkit.cli.console import (
+        error_view,
+        format_clock,
+        live_view,
+        snapshot_view,
+        watch_status,
+    )
+    from claimkit.ops.inspect import check_key_types, snapshot
 
     first_seen: dict[tuple[str, str], float] = {}
     last: RenderableType | None = None  # the last view read
@@ -309,7 +315,7 @@ def inspect_queue(
         usage_error("--watch and --json cannot be combined: --json prints one document")
     target = _target(queue, transport_config, transport_config_file, redis_url)
     config = target.config
-    from ._inspect import check_key_types, snapshot
+    from claimkit.ops.inspect import check_key_types, snapshot
 
     if watch:
         console = _console()
@@ -348,7 +354,7 @@ def inspect_queue(
     if json_out:
         _print_json(snap.to_json(url=url))
     else:
-        from ._console import snapshot_view
+        from claimkit.cli.console import snapshot_view
 
         _console().print(snapshot_view(snap, url=url))
 
@@ -394,9 +400,9 @@ def drain(
         usage_error("drain needs --release-all (add --dry-run to preview what would be released)")
     target = _target(queue, transport_config, transport_config_file, redis_url)
     config = target.config
-    from ._console import claims_table, progress_bar
-    from ._drain import drain_claims
-    from ._inspect import check_key_types, snapshot
+    from claimkit.cli.console import claims_table, progress_bar
+    from claimkit.ops.drain import drain_claims
+    from claimkit.ops.inspect import check_key_types, snapshot
 
     async def go() -> tuple[DrainReport, QueueSnapshot | None]:
         async with open_store(config.url) as store:
@@ -471,8 +477,8 @@ def reclaim(
             "reclaim --once works on the configured queues: give a transport config "
             "(--transport-config or --transport-config-file) whose queues list them"
         )
-    from ._inspect import check_key_types, queue_key_types
-    from ._protocol import QueueOps, ReclaimCounts, orphans_message
+    from claimkit.ops.inspect import check_key_types, queue_key_types
+    from claimkit.protocol.ops import QueueOps, ReclaimCounts, orphans_message
 
     async def go() -> dict[str, ReclaimCounts]:
         async with open_store(config.url) as store:
@@ -568,8 +574,8 @@ def dead_list(
         claimkit dead list --redis-url redis://127.0.0.1:6379/0 --queue requests
     """
     target = _target(queue, transport_config, transport_config_file, redis_url)
-    from ._dead import list_dead
-    from ._inspect import check_key_types
+    from claimkit.ops.dead import list_dead
+    from claimkit.ops.inspect import check_key_types
 
     async def go() -> tuple[int, list[Any], float]:
         async with open_store(target.config.url) as store:
@@ -601,7 +607,7 @@ def dead_list(
     if not letters:
         typer.echo(f"{queue}:dead is empty")
         return
-    from ._console import dead_table
+    from claimkit.cli.console import dead_table
 
     console = _console()
     console.print(
@@ -646,8 +652,8 @@ def dead_requeue(
     if bool(ids) == all_:
         usage_error("name the ids to requeue or pass --all (not both)")
     target = _target(queue, transport_config, transport_config_file, redis_url)
-    from ._dead import RequeueReport, requeue_dead
-    from ._inspect import check_key_types
+    from claimkit.ops.dead import RequeueReport, requeue_dead
+    from claimkit.ops.inspect import check_key_types
 
     async def go() -> RequeueReport:
         async with open_store(target.config.url) as store:
@@ -720,8 +726,8 @@ def dead_purge(
     if sum((bool(ids), all_, older_than is not None)) != 1:
         usage_error("say what to purge: ids, --all or --older-than SECONDS (exactly one)")
     target = _target(queue, transport_config, transport_config_file, redis_url)
-    from ._dead import PurgeReport, purge_dead
-    from ._inspect import check_key_types
+    from claimkit.ops.dead import PurgeReport, purge_dead
+    from claimkit.ops.inspect import check_key_types
 
     async def go() -> PurgeReport:
         async with open_store(target.config.url) as store:
@@ -748,7 +754,7 @@ def _record_line(raw: bytes, *, as_json: bool) -> str:
     text = raw.decode("utf-8", errors="replace")
     if as_json:
         return text
-    from ._models import TerminalRecord
+    from claimkit.protocol.models import TerminalRecord
 
     try:
         rec = TerminalRecord.from_json(raw)
@@ -783,7 +789,7 @@ async def follow_results(
     A popped record survives a lost reply. A record is not popped with ``BRPOP``, whose reply dies
     with a broken connection after Redis already removed the record: it is moved with
     ``BLMOVE name holding RIGHT LEFT`` into a holding list of this reader's own
-    (:func:`claimkit._keys.results_holding_list`), emitted, and only then deleted from
+    (:func:`claimkit.protocol.keys.results_holding_list`), emitted, and only then deleted from
     there. A reply lost on the way leaves the record in the holding list, and it is
     emitted from there once Redis answers again. The holding list has at most one record.
     At worst a record is emitted twice (Ctrl-C between emitting it and noting that), never
@@ -959,7 +965,7 @@ def results(
     name = list_name or config.result_queue_name
     if not name:
         fail("the configuration's result_queue_name is empty: name the list with --list")
-    from ._inspect import check_key_types
+    from claimkit.ops.inspect import check_key_types
 
     def emit(raw: bytes) -> None:
         sys.stdout.write(_record_line(raw, as_json=json_out) + "\n")
@@ -1015,7 +1021,7 @@ def cancel(
         claimkit cancel --redis-url redis://127.0.0.1:6379/0 r1 r2
     """
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
-    from ._producer import Producer, SubmitError
+    from claimkit.producer import Producer, SubmitError
 
     async def go() -> tuple[list[bool], SubmitError | None]:
         found: list[bool] = []
@@ -1042,7 +1048,7 @@ def cancel(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the operator commands to ``app`` (called by :mod:`claimkit._cli`)."""
+    """Add the operator commands to ``app`` (called by :mod:`claimkit.cli.app`)."""
     app.command("inspect")(inspect_queue)
     app.command("drain")(drain)
     app.command("reclaim")(reclaim)
