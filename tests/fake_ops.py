@@ -1,0 +1,471 @@
+"""A fake of the claim protocol: :class:`FakeQueueOps` over an in-memory :class:`FakeServer`.
+
+The fake answers every :class:`~claimkit.protocol.ops.QueueOps` call the consumer makes,
+with the same arguments and the same replies, applying docs/protocol.md#claim-protocol to
+plain Python state instead of running the Lua scripts. Each call is atomic (it yields once,
+then applies its whole effect without another checkpoint), as a script is.
+
+Two uses:
+
+- **Timing tests** (tests/test_consumer_timing.py): the server clock is
+  ``start + trio.current_time()``, so under trio's ``autojump_clock`` leases lapse and
+  retries fall due in fake time, and every call is logged (:attr:`FakeServer.calls`) with
+  the trio time it was made at. :attr:`FakeServer.hooks` lets a test make an operation
+  hang or fail (Redis away) before it applies.
+- **Its own check** (tests/test_model.py): a hypothesis state machine drives the fake side
+  by side with the real scripts on a real Redis and compares every reply and the whole
+  state after every step, so the fake cannot drift from the scripts unnoticed.
+
+What the fake leaves out: key types (no key of another type exists here), the orphan scan
+(every claim here has its lease entry, so ``orphans`` and ``leases_restored`` stay 0) and
+ghosts (no index entry without a payload).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from claimkit.protocol.models import (
+    Envelope,
+    ErrorCode,
+    Invalid,
+    TerminalRecord,
+    max_deliveries_message,
+    parse_member,
+)
+from claimkit.protocol.ops import CHUNK, ORPHAN_SCAN_COUNT, AckItem, ClaimCode, ReclaimCounts
+
+__all__ = [
+    "START",
+    "Call",
+    "FakeClaim",
+    "FakeQueue",
+    "FakeQueueOps",
+    "FakeServer",
+    "claim_expiry",
+    "renew_expiry",
+]
+
+START = 1_800_000_000.0
+"""What the fake server clock reads at trio time 0 (Unix seconds, January 2027)."""
+
+GRACE = 30.0
+"""While a request's deadline is ahead, its lease never runs more than this past it."""
+
+
+# -- the lease rules (docs/protocol.md#claim, docs/protocol.md#heartbeat) ---------------------
+
+
+def claim_expiry(now: float, lease_ttl: float, deadline: float) -> float:
+    """A claim's lease expiry (``lua/_lease.lua``): ``min(now + ttl, deadline + 30)``, never
+    earlier than ``now + min(ttl, 30)``."""
+    return max(min(now + lease_ttl, deadline + GRACE), now + min(lease_ttl, GRACE))
+
+
+def renew_expiry(now: float, lease_ttl: float, deadline: float) -> float:
+    """A renewed lease's expiry (``lua/renew-2.lua``): ``min(now + ttl, deadline + 30)``,
+    without the claim rule's floor."""
+    return min(now + lease_ttl, deadline + GRACE)
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeClaim:
+    """One claim: ``<q>:claimed`` (member, score), ``<q>:claim-owners`` and ``<q>:claims-idx``."""
+
+    member: bytes
+    score: float
+    token: str
+    expiry: float
+
+
+@dataclass
+class FakeQueue:
+    """The keys of one queue ``<q>``."""
+
+    pending: dict[bytes, float] = field(default_factory=dict)
+    claims: dict[str, FakeClaim] = field(default_factory=dict)
+    deliveries: dict[str, int] = field(default_factory=dict)
+    dead: dict[bytes, float] = field(default_factory=dict)
+
+    def claimed_fields(self) -> set[str]:
+        """The fields of ``<q>:claimed``: ``<id>`` and ``<id>:score`` per claim."""
+        return {f for rid in self.claims for f in (rid, rid + ":score")}
+
+    def ordered(self) -> list[bytes]:
+        """Pending members in ZSET order: score, then bytes."""
+        return [m for m, _ in sorted(self.pending.items(), key=lambda kv: (kv[1], kv[0]))]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One protocol call as the fake received it: ``at`` is ``trio.current_time()``,
+    ``ids`` the request ids (or members) it was about, in order."""
+
+    at: float
+    op: str
+    queue: str
+    ids: tuple[str, ...] = ()
+
+
+Hook = Callable[[Call], Awaitable[None]]
+
+
+def _default_clock() -> float:
+    return START + trio.current_time()
+
+
+class FakeServer:
+    """The keyspace the fake protocol runs on, shared by every queue's :class:`FakeQueueOps`.
+
+    Args:
+        clock: the server clock, Unix seconds; ``START + trio.current_time()`` by default.
+
+    Attributes:
+        queues: per queue name, its keys (:meth:`queue` creates them).
+        retry: per retry set name, ``member -> due`` (Unix seconds).
+        retry_dead: per retry set name, the members the mover could not route.
+        results: per result list name, the records pushed, oldest first.
+        markers: ``id -> (value, expires_at or None)``: ``result-terminal:<id>``.
+        cancels: ``id -> token``: ``request-cancel:<id>``.
+        calls: every call made, in order (:class:`Call`).
+        hooks: ``op -> async fn(call)``, awaited before that operation applies: sleep in it
+            to make Redis slow, raise ``StoreUnavailable`` in it to make Redis away.
+    """
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self.clock = clock or _default_clock
+        self.queues: dict[str, FakeQueue] = {}
+        self.retry: dict[str, dict[bytes, float]] = {}
+        self.retry_dead: dict[str, dict[bytes, float]] = {}
+        self.results: dict[str, list[bytes]] = {}
+        self.markers: dict[str, tuple[str, float | None]] = {}
+        self.cancels: dict[str, str] = {}
+        self.calls: list[Call] = []
+        self.hooks: dict[str, Hook] = {}
+
+    def now(self) -> float:
+        return self.clock()
+
+    def queue(self, name: str) -> FakeQueue:
+        return self.queues.setdefault(name, FakeQueue())
+
+    def ops(self, queue: str, **kwargs: Any) -> FakeQueueOps:
+        """A :class:`FakeQueueOps` of ``queue`` on this server (keywords as ``QueueOps``)."""
+        return FakeQueueOps(self, queue, **kwargs)
+
+    def log(self, op: str, queue: str = "") -> list[Call]:
+        """The calls of one operation (of one queue, when given), in order."""
+        return [c for c in self.calls if c.op == op and (not queue or c.queue == queue)]
+
+    async def enter(self, op: str, queue: str, ids: Sequence[str] = ()) -> None:
+        """Log a call, run its hook, and yield once, as a round trip would."""
+        call = Call(trio.current_time(), op, queue, tuple(ids))
+        self.calls.append(call)
+        hook = self.hooks.get(op)
+        if hook is not None:
+            await hook(call)
+        await trio.lowlevel.checkpoint()
+
+    # -- what the scripts share --------------------------------------------------------------
+
+    def marker(self, rid: str) -> str | None:
+        """``result-terminal:<id>``, or ``None`` when absent or expired."""
+        value = self.markers.get(rid)
+        if value is None:
+            return None
+        text, expires = value
+        if expires is not None and expires <= self.now():
+            del self.markers[rid]
+            return None
+        return text
+
+    def push(self, rid: str, gen: str, result_list: str, record: bytes, dedup_ttl: int) -> bool:
+        """``lua/_push-terminal.lua``: push ``record`` once per request generation."""
+        prev = self.marker(rid)
+        if prev is not None and (prev == "1" or gen == "" or prev == gen):
+            return False
+        self.results.setdefault(result_list, []).append(record)
+        expires = self.now() + dedup_ttl if dedup_ttl > 0 else None
+        self.markers[rid] = (gen or "1", expires)
+        return True
+
+    def move_retries(self, retry_set: str, limit: int = CHUNK) -> tuple[int, int, bool]:
+        """``lua/move-retries-2.lua``: one call. Returns ``(moved, dead, more)``."""
+        now = self.now()
+        members = self.retry.get(retry_set, {})
+        due = sorted((score, m) for m, score in members.items() if score <= now)[:limit]
+        moved = dead = 0
+        for _score, member in due:
+            del members[member]
+            queue, deadline = _route(member)
+            if queue is not None and deadline is not None:
+                self.queue(queue).pending[member] = float(deadline)
+                moved += 1
+            else:
+                self.retry_dead.setdefault(retry_set, {})[member] = now
+                dead += 1
+        return moved, dead, len(due) == limit
+
+
+def _route(member: bytes) -> tuple[str | None, float | None]:
+    """A retry member's ``internal.request_queue_name`` and numeric ``data.deadline``."""
+    try:
+        doc = json.loads(member)
+    except ValueError:
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    internal, data = doc.get("internal"), doc.get("data")
+    if not isinstance(internal, dict) or not isinstance(data, dict):
+        return None, None
+    queue, deadline = internal.get("request_queue_name"), data.get("deadline")
+    if not isinstance(queue, str) or not queue:
+        queue = None
+    if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+        deadline = None
+    return queue, deadline
+
+
+# -- one queue's operations ------------------------------------------------------------------
+
+
+class FakeQueueOps:
+    """What :class:`~claimkit.protocol.ops.QueueOps` does, on a :class:`FakeServer`.
+
+    Same constructor keywords, same methods, same replies; ``server_now`` in a reply is the
+    fake server clock.
+    """
+
+    def __init__(
+        self,
+        server: FakeServer,
+        queue: str,
+        *,
+        result_list: str | None = None,
+        default_result_list: str = "result-list",
+        dedup_ttl: int = 21600,
+        lease_ttl: float = 300.0,
+    ) -> None:
+        self.server = server
+        self.queue = queue
+        self.q = server.queue(queue)
+        self.result_list = result_list
+        self.default_result_list = default_result_list
+        self.dedup_ttl = dedup_ttl
+        self.lease_ttl = lease_ttl
+
+    def result_list_for(self, member_result_list: str | None) -> str:
+        return self.result_list or member_result_list or self.default_result_list
+
+    @property
+    def fallback_result_list(self) -> str:
+        return self.result_list or self.default_result_list
+
+    async def _enter(self, op: str, ids: Sequence[str] = ()) -> float:
+        await self.server.enter(op, self.queue, ids)
+        return self.server.now()
+
+    def _push(self, rid: str, gen: str, result_list: str, record: bytes) -> bool:
+        return self.server.push(rid, gen, result_list, record, self.dedup_ttl)
+
+    # -- peek, dead-letter -------------------------------------------------------------------
+
+    async def peek(self, count: int) -> list[bytes]:
+        await self._enter("peek")
+        return self.q.ordered()[:count]
+
+    async def dead_letter(self, invalid: Sequence[Invalid]) -> tuple[int, int]:
+        now = await self._enter("dead_letter", [bad.id or "" for bad in invalid])
+        moved = pushed = 0
+        for bad in invalid:
+            if self.q.pending.pop(bad.raw, None) is None:
+                continue
+            self.q.dead[bad.raw] = now
+            moved += 1
+            if bad.id is not None:
+                record = TerminalRecord.error(bad.id, ErrorCode.INVALID_REQUEST, bad.reason)
+                target = self.result_list_for(bad.result_queue_name)
+                pushed += self._push(bad.id, bad.request_token, target, record.to_json())
+        return moved, pushed
+
+    # -- claim, renew --------------------------------------------------------------------------
+
+    async def claim(
+        self, candidates: Sequence[tuple[Envelope, str]], lease_ttl: float
+    ) -> tuple[float, list[int]]:
+        if not candidates:
+            return 0.0, []
+        now = await self._enter("claim", [env.id for env, _ in candidates])
+        return now, [self._claim_one(env, token, now, lease_ttl) for env, token in candidates]
+
+    def _claim_one(self, env: Envelope, token: str, now: float, lease_ttl: float) -> int:
+        q = self.q
+        if env.raw not in q.pending:
+            return ClaimCode.LOST
+        fields = q.claimed_fields()
+        if env.id in q.claims or env.id in fields or env.id + ":score" in fields:
+            return ClaimCode.BUSY
+        score = q.pending.pop(env.raw)
+        q.claims[env.id] = FakeClaim(
+            env.raw, score, token, claim_expiry(now, lease_ttl, env.deadline)
+        )
+        if env.request_token and self.server.cancels.get(env.id) == env.request_token:
+            return ClaimCode.CANCELLED
+        return ClaimCode.CLAIMED
+
+    async def renew(
+        self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
+    ) -> tuple[float, list[int]]:
+        if not claims:
+            return 0.0, []
+        now = await self._enter("renew", [rid for rid, _, _ in claims])
+        codes = []
+        for rid, token, deadline in claims:
+            claim = self.q.claims.get(rid)
+            if claim is None:
+                codes.append(0)
+            elif claim.token != token:
+                codes.append(-1)
+            else:
+                claim.expiry = renew_expiry(now, lease_ttl, deadline)
+                codes.append(1)
+        return now, codes
+
+    # -- ack, park, release ----------------------------------------------------------------
+
+    async def ack(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]:
+        if not items:
+            return []
+        await self._enter("ack", [it.id for it in items])
+        return [self._ack_one(it) for it in items]
+
+    def _ack_one(self, it: AckItem) -> tuple[bool, bool]:
+        q = self.q
+        claim = q.claims.get(it.id)
+        if claim is not None and claim.token == it.token:
+            del q.claims[it.id]
+            q.deliveries.pop(it.id, None)
+            return self._push(it.id, it.request_token, it.result_list, it.record), True
+        if q.pending.pop(it.member, None) is not None:
+            q.deliveries.pop(it.id, None)
+            return self._push(it.id, it.request_token, it.result_list, it.record), False
+        return False, False
+
+    async def park(
+        self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
+    ) -> tuple[float, list[int]]:
+        if not items:
+            return 0.0, []
+        now = await self._enter("park", [rid for rid, *_ in items])
+        codes = []
+        retry = self.server.retry.setdefault(retry_set, {})
+        for rid, token, delay, member in items:
+            claim = self.q.claims.get(rid)
+            if claim is None or claim.token != token:
+                codes.append(0)
+                continue
+            del self.q.claims[rid]
+            retry[member] = now + delay
+            codes.append(1)
+        return now, codes
+
+    async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[int]:
+        if not claims:
+            return []
+        await self._enter("release", [rid for rid, _, _ in claims])
+        codes = []
+        for rid, token, expected in claims:
+            claim = self.q.claims.get(rid)
+            if claim is None:
+                codes.append(0)
+            elif claim.token != token:
+                codes.append(-1)
+            elif expected is not None and claim.expiry != expected:
+                codes.append(-2)
+            else:
+                del self.q.claims[rid]
+                self.q.pending[claim.member] = claim.score
+                codes.append(1)
+        return codes
+
+    # -- reclaim -------------------------------------------------------------------------------
+
+    async def reclaim_pass(
+        self, limit: int, max_deliveries: int, *, scan_count: int = ORPHAN_SCAN_COUNT
+    ) -> tuple[ReclaimCounts, bool]:
+        await self._enter("reclaim_pass")
+        return self._reclaim_call(limit, max_deliveries)
+
+    async def reclaim(
+        self,
+        max_deliveries: int,
+        limit: int = CHUNK,
+        *,
+        full_scan: bool = False,
+        scan_count: int = ORPHAN_SCAN_COUNT,
+    ) -> ReclaimCounts:
+        """A full run, logged as one ``"reclaim"`` call; passes repeat while ``more``."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        if scan_count < 1:
+            raise ValueError(f"scan_count must be at least 1, got {scan_count}")
+        await self._enter("reclaim")
+        total = ReclaimCounts()
+        more = True
+        while more:
+            counts, more = self._reclaim_call(limit, max_deliveries)
+            total += counts
+        return total
+
+    def _reclaim_call(self, limit: int, max_deliveries: int) -> tuple[ReclaimCounts, bool]:
+        """``lua/reclaim-6.lua``, one call: up to ``limit`` lapsed claims in lease index
+        order (expiry, then id bytes)."""
+        q, now = self.q, self.server.now()
+        lapsed = sorted(
+            (c.expiry, rid.encode(), rid) for rid, c in q.claims.items() if c.expiry <= now
+        )[:limit]
+        redelivered = dead = 0
+        for _expiry, _key, rid in lapsed:
+            claim = q.claims.pop(rid)
+            n = q.deliveries.get(rid, 0) + 1
+            q.deliveries[rid] = n
+            if max_deliveries > 0 and n >= max_deliveries:
+                del q.deliveries[rid]
+                q.dead[claim.member] = now
+                self._max_deliveries_record(rid, claim.member, n, max_deliveries)
+                dead += 1
+            else:
+                q.pending[claim.member] = claim.score
+                redelivered += 1
+        return ReclaimCounts(redelivered, dead), len(lapsed) == limit
+
+    def _max_deliveries_record(self, rid: str, member: bytes, n: int, max_deliveries: int) -> None:
+        message = max_deliveries_message(n, max_deliveries)
+        record = TerminalRecord.error(rid, ErrorCode.MAX_DELIVERIES_EXCEEDED, message)
+        parsed = parse_member(member)
+        gen = parsed.request_token if isinstance(parsed, Envelope) else ""
+        routed = parsed.result_queue_name if isinstance(parsed, Envelope) else None
+        self._push(rid, gen, self.result_list_for(routed), record.to_json())
+
+    # -- the retry mover -----------------------------------------------------------------------
+
+    async def move_retries(self, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
+        """The retry mover (``claimkit.protocol.ops.move_retries``): calls repeat until
+        no member is due. Returns ``(moved, dead)``."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        await self._enter("move_retries")
+        moved = dead = 0
+        more = True
+        while more:
+            m, d, more = self.server.move_retries(retry_set, limit)
+            moved, dead = moved + m, dead + d
+        return moved, dead
