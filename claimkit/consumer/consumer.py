@@ -26,18 +26,17 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from claimkit.config import ConfigError
+from claimkit.config import ConfigError, WrongKeyType
 from claimkit.consumer.dispatch import Done, Outcome, Retry, Target, dispatch, open_http_client
 from claimkit.consumer.gates import Gate, GateError, budget_key, make_gate
 from claimkit.consumer.metrics import Metrics, QueueMetrics
-from claimkit.ops.inspect import WrongKeyType, first_wrong_type
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import (
     Envelope,
@@ -51,7 +50,7 @@ from claimkit.protocol.ops import (
     AckItem,
     ClaimCode,
     QueueOps,
-    move_retries,
+    QueueProtocol,
     new_token,
     orphans_message,
 )
@@ -62,7 +61,17 @@ if TYPE_CHECKING:
     from claimkit.consumer.http import HttpClient
     from claimkit.store.api import Store
 
-__all__ = ["Consumer", "Handler", "KeyRole", "QueueRuntime", "Summary", "check_keys", "key_roles"]
+__all__ = [
+    "Consumer",
+    "Handler",
+    "KeyRole",
+    "OpsFactory",
+    "QueueRuntime",
+    "ServerClock",
+    "Summary",
+    "check_keys",
+    "key_roles",
+]
 
 log = logging.getLogger("claimkit")
 
@@ -89,6 +98,42 @@ scripts per request); with it, about ``batch_size``. Adds at most this to result
 Handler = Callable[["QueueRuntime", Envelope, float], Awaitable[Outcome]]
 """``(queue, envelope, server_now) -> Outcome``: what to do with one claimed request.
 The default sends it to the inference gateway (docs/dispatch.md)."""
+
+
+OpsFactory = Callable[["QueueConfig"], QueueProtocol]
+"""``(queue config) -> protocol layer of that queue``: how :class:`Consumer` gets the object it
+reaches Redis through (:class:`~claimkit.protocol.ops.QueueProtocol`). The default builds a
+:class:`~claimkit.protocol.ops.QueueOps` on the consumer's store; tests pass a fake."""
+
+WrongTypeProbe = Callable[[Mapping[str, str]], Awaitable["tuple[str, str, str] | None"]]
+"""``(key -> TYPE name) -> first (key, found, expected) or None``:
+:func:`claimkit.protocol.ops.first_wrong_type` bound to a store, or
+:meth:`QueueOps.first_wrong_type <claimkit.protocol.ops.QueueOps.first_wrong_type>`."""
+
+
+class ServerClock:
+    """The consumer's estimate of the Redis server clock (Unix seconds).
+
+    Each script reply that carries the server's time sets it (:meth:`observe`); between
+    replies it advances with trio's clock (:func:`trio.current_time`), so under a test's
+    ``autojump_clock`` it moves with virtual time. Before the first reply it starts from
+    this machine's clock (``time.time()``, read once). Needs a running trio loop.
+    """
+
+    def __init__(self) -> None:
+        self._server: float | None = None  # the server's time at the last reply
+        self._local = 0.0  # trio.current_time() at that moment
+
+    def observe(self, server_now: float) -> None:
+        """Take the server time a script just returned."""
+        self._server, self._local = server_now, trio.current_time()
+
+    def now(self) -> float:
+        """The server clock as estimated now, Unix seconds."""
+        if self._server is None:
+            self.observe(time.time())
+        assert self._server is not None
+        return self._server + (trio.current_time() - self._local)
 
 
 class _Phase(enum.Enum):
@@ -159,7 +204,7 @@ class QueueRuntime:
     """One configured queue as the consumer runs it."""
 
     config: QueueConfig
-    ops: QueueOps
+    ops: QueueProtocol
     gate: Gate
     target: Target
     metrics: QueueMetrics
@@ -206,39 +251,44 @@ def key_roles(config: Config) -> dict[str, KeyRole]:
 
     for q in config.queues:
         k = _keys.QueueKeys.for_queue(q.queue_name)
-        of = f"of queue {q.queue_name!r}"
-        want(k.pending, "zset", "queue key {}")
-        want(k.claimed, "hash", f"claimed hash {{}} {of}")
-        want(k.owners, "hash", f"claim-owners hash {{}} {of}")
-        want(k.index, "zset", f"claims index {{}} {of}")
-        want(k.deliveries, "hash", f"deliveries hash {{}} {of}")
-        want(k.dead, "zset", f"dead set {{}} {of}")
-    want(config.retry_queue_name, "zset", "retry set {}")
-    want(_keys.retry_dead(config.retry_queue_name), "zset", "retry dead set {}")
+        for name, kind, what in k.described():
+            # "queue key 'q'", "claimed hash 'q:claimed' of queue 'q'"
+            want(
+                name,
+                kind,
+                f"{what} {{}}" if name == k.pending else f"{what} {{}} of queue {q.queue_name!r}",
+            )
+    want(config.retry_queue_name, _keys.RETRY_SET_TYPE, "retry set {}")
+    want(_keys.retry_dead(config.retry_queue_name), _keys.RETRY_SET_TYPE, "retry dead set {}")
     for q in config.queues:
         if q.result_queue_name:
-            want(q.result_queue_name, "list", f"result list {{}} of queue {q.queue_name!r}")
-    want(config.result_queue_name, "list", "global result list {}")
+            want(
+                q.result_queue_name,
+                _keys.RESULT_LIST_TYPE,
+                f"result list {{}} of queue {q.queue_name!r}",
+            )
+    want(config.result_queue_name, _keys.RESULT_LIST_TYPE, "global result list {}")
     for q in config.queues:
         try:
             key = budget_key(q)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if key:
-            want(key, "string", f"gate budget key {{}} of queue {q.queue_name!r}")
+            want(key, _keys.GATE_BUDGET_TYPE, f"gate budget key {{}} of queue {q.queue_name!r}")
     return roles
 
 
-async def check_keys(store: Store, roles: dict[str, KeyRole]) -> None:
+async def check_keys(first_wrong: WrongTypeProbe, roles: dict[str, KeyRole]) -> None:
     """Check that every existing key of ``roles`` has its type; a missing key is fine.
-    One pipelined round trip of ``TYPE`` calls.
+    One pipelined round trip of ``TYPE`` calls, made by ``first_wrong``
+    (:data:`WrongTypeProbe`).
 
     Raises:
         WrongKeyType: the first key holding another type, as one line naming the key, what
             it holds and what it should hold.
         StoreUnavailable, StoreError: from the store.
     """
-    wrong = await first_wrong_type(store, {name: role.kind for name, role in roles.items()})
+    wrong = await first_wrong({name: role.kind for name, role in roles.items()})
     if wrong is not None:
         name, found, want = wrong
         raise WrongKeyType(
@@ -284,6 +334,15 @@ class Consumer:
             was written: ``(envelope, record)`` after its ack script ran (``record`` is what
             was acked; a suppressed duplicate too), ``(envelope, None)`` after it was parked
             for retry. For benchmarks and embedding; it must not block or raise.
+        ops_factory: builds each queue's protocol layer (:data:`OpsFactory`); default a
+            :class:`~claimkit.protocol.ops.QueueOps` on ``store``. The consumer reaches Redis
+            only through these objects (the retry mover and the key-type check through the
+            first queue's), except a ``redis`` gate, which reads its budget key on ``store``.
+            A fake must provide what :class:`~claimkit.protocol.ops.QueueProtocol` lists.
+
+    Timing (heartbeat cadence, drain grace, hurry, acker linger, reclaim and retry-mover
+    cadence, backlog sampling) runs on trio's clock, and so does :meth:`now` between script
+    replies (:class:`ServerClock`): a test may run the consumer under ``autojump_clock``.
     """
 
     def __init__(
@@ -296,6 +355,7 @@ class Consumer:
         metrics: Metrics | None = None,
         rng: random.Random | None = None,
         on_settled: Callable[[Envelope, TerminalRecord | None], None] | None = None,
+        ops_factory: OpsFactory | None = None,
     ) -> None:
         self.config = config
         self._on_settled = on_settled
@@ -305,17 +365,23 @@ class Consumer:
         self._rng = rng or random.Random()
         self._handler = handler or self._dispatch
         self._http = http_client
+
+        def real_ops(q: QueueConfig) -> QueueProtocol:
+            return QueueOps(
+                store,
+                q.queue_name,
+                result_list=q.result_queue_name,
+                default_result_list=config.result_queue_name,
+                dedup_ttl=config.result_dedup_ttl_seconds,
+                lease_ttl=config.claim_lease_ttl_seconds,
+                retry_set=config.retry_queue_name,
+            )
+
+        make_ops = ops_factory or real_ops
         self.queues = [
             QueueRuntime(
                 config=q,
-                ops=QueueOps(
-                    store,
-                    q.queue_name,
-                    result_list=q.result_queue_name,
-                    default_result_list=config.result_queue_name,
-                    dedup_ttl=config.result_dedup_ttl_seconds,
-                    lease_ttl=config.claim_lease_ttl_seconds,
-                ),
+                ops=make_ops(q),
                 gate=make_gate(q, store, self._rng),
                 target=Target(q.igw_base_url, q.request_path_url, q.inference_objective),
                 metrics=self.metrics.for_queue(q),
@@ -326,7 +392,7 @@ class Consumer:
         self._stop = trio.Event()
         self._hurry = trio.Event()
         self._slots = trio.CapacityLimiter(config.concurrency)
-        self._offset = 0.0  # server clock - local clock, seconds
+        self.clock = ServerClock()
         self._redis_ok: bool | None = None  # None until the first call answers or fails
         self._swept = False
         self._budget_end: float | None = None
@@ -363,8 +429,9 @@ class Consumer:
         return sum(len(q.held) for q in self.queues)
 
     def now(self) -> float:
-        """The Redis server clock, estimated from the last script reply (Unix seconds)."""
-        return time.time() + self._offset
+        """The Redis server clock, estimated from the last script reply (Unix seconds;
+        :class:`ServerClock`). Call it inside trio."""
+        return self.clock.now()
 
     async def run(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -575,7 +642,7 @@ class Consumer:
         if not isinstance(exc, StoreError) or not _is_wrongtype(exc):
             return False
         try:
-            await check_keys(self.store, self._key_roles)
+            await check_keys(self.queues[0].ops.first_wrong_type, self._key_roles)
         except WrongKeyType as wrong:
             self._fatal = wrong
             log.error("claimkit: %s; stopping", wrong)
@@ -633,7 +700,7 @@ class Consumer:
         stamp = self.now()
         pairs = [(env, new_token(stamp)) for env in candidates]
         server_now, codes = await q.ops.claim(pairs, self.config.claim_lease_ttl_seconds)
-        self._offset = server_now - time.time()
+        self.clock.observe(server_now)
         batch: list[tuple[_Held, object]] = []
         for (env, token), code in zip(pairs, codes, strict=True):
             if code not in (ClaimCode.CLAIMED, ClaimCode.CANCELLED):
@@ -724,13 +791,13 @@ class Consumer:
                 else:
                     q.inflight += 1
                     q.metrics.inflight.inc()
-                    started = time.perf_counter()
+                    started = trio.current_time()
                     try:
                         outcome = await self._handler(q, env, now)
                     finally:
                         q.inflight -= 1
                         q.metrics.inflight.dec()
-                        q.metrics.latency_ms.observe((time.perf_counter() - started) * 1000)
+                        q.metrics.latency_ms.observe((trio.current_time() - started) * 1000)
             held.scope = None
             if outcome is None or held.lost:
                 return  # stolen or gone: a result would be a duplicate (docs/protocol.md#heartbeat)
@@ -899,7 +966,7 @@ class Consumer:
         async for attempt in _retrying(f"park {q.name}"):
             with attempt:
                 server_now, codes = await q.ops.park(items, self.config.retry_queue_name)
-        self._offset = server_now - time.time()
+        self.clock.observe(server_now)
         for job, code in zip(jobs, codes, strict=True):
             job.owned = code == 1
             if q.held.get(job.held.env.id) is job.held:
@@ -934,7 +1001,7 @@ class Consumer:
             [(h.env.id, h.token, h.env.deadline) for h in held], self.config.claim_lease_ttl_seconds
         )
         self._redis_answered()
-        self._offset = server_now - time.time()
+        self.clock.observe(server_now)
         for h, code in zip(held, codes, strict=True):
             if code == 1 or q.held.get(h.env.id) is not h:
                 continue
@@ -993,7 +1060,8 @@ class Consumer:
         interval = min(1.0, self.config.poll_interval_ms / 1000)
         while True:
             try:
-                _moved, dead = await move_retries(self.store, self.config.retry_queue_name)
+                # The retry set is shared: the first queue's ops drain it for all.
+                _moved, dead = await self.queues[0].ops.move_retries()
                 if dead:
                     log.warning(
                         "retry mover: %d unroutable members moved to %s:dead",
@@ -1009,7 +1077,7 @@ class Consumer:
         while True:
             for q in self.queues:
                 try:
-                    q.metrics.backlog.set(await self.store.command("ZCARD", q.name))
+                    q.metrics.backlog.set(await q.ops.backlog())
                 except (StoreUnavailable, StoreError):
                     pass  # the pollers report Redis trouble; a missed sample is harmless
             await trio.sleep(5)

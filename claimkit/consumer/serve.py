@@ -9,6 +9,7 @@ import logging
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from types import FrameType
 from typing import Any
 
@@ -17,6 +18,7 @@ import trio
 from claimkit.config import Config, ConfigError
 from claimkit.consumer.consumer import Consumer, Summary, check_keys, key_roles
 from claimkit.consumer.health import HttpBindError, serve_http
+from claimkit.protocol.ops import first_wrong_type
 from claimkit.store.api import Store, StoreUnavailable, open_store
 from claimkit.store.server_checks import eviction_policy
 
@@ -92,7 +94,7 @@ async def _preflight(store: Store, config: Config, *, allow_eviction: bool = Fal
     """
     roles = key_roles(config)
     try:
-        await check_keys(store, roles)
+        await check_keys(partial(first_wrong_type, store), roles)
         await _check_eviction(store, allow_eviction=allow_eviction)
     except StoreUnavailable as exc:
         log.warning("claimkit: Redis is unavailable at start (%s); retrying until it answers", exc)
