@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from claimkit.config import Config, ConfigError
-from claimkit.consumer.consumer import Consumer, Summary, check_keys, key_roles
+from claimkit.consumer.consumer import Consumer, Summary, check_key_roles, key_roles
 from claimkit.consumer.health import HttpBindError, serve_http
 from claimkit.protocol.ops import first_wrong_type
 from claimkit.store.api import Store, StoreUnavailable, open_store
@@ -94,7 +94,7 @@ async def _preflight(store: Store, config: Config, *, allow_eviction: bool = Fal
     """
     roles = key_roles(config)
     try:
-        await check_keys(partial(first_wrong_type, store), roles)
+        await check_key_roles(partial(first_wrong_type, store), roles)
         await _check_eviction(store, allow_eviction=allow_eviction)
     except StoreUnavailable as exc:
         log.warning("claimkit: Redis is unavailable at start (%s); retrying until it answers", exc)
