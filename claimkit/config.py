@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 from claimkit.consumer.gates import check_gate_address, check_gate_params
 from claimkit.store.api import check_url
 
-__all__ = ["Config", "ConfigError", "QueueConfig", "load_config"]
+__all__ = ["Config", "ConfigError", "QueueConfig", "WrongKeyType", "load_config"]
 
 DEFAULT_MAX_DELIVERIES = 10
 MAX_NUMBER = 2**31 - 1
@@ -35,6 +35,15 @@ GATE_TYPES = ("constant", "redis", "local-max-concurrency")
 
 class ConfigError(ValueError):
     """The configuration is unusable; ``str(err)`` is one line naming the field."""
+
+
+class WrongKeyType(ConfigError):
+    """A key claimkit reads holds another Redis type than the layout says (docs/protocol.md#keys).
+
+    ``str(err)`` is one line naming the key, what it holds and what was expected. Raised by
+    the operator commands (``claimkit.ops.inspect.check_key_types``) and by ``serve``'s
+    preflight and consumer; defined here, below both.
+    """
 
 
 @dataclass(frozen=True, slots=True)
