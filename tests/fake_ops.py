@@ -24,9 +24,9 @@ ghosts (no index entry without a payload).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -39,6 +39,9 @@ from claimkit.protocol.models import (
     parse_member,
 )
 from claimkit.protocol.ops import CHUNK, ORPHAN_SCAN_COUNT, AckItem, ClaimCode, ReclaimCounts
+
+if TYPE_CHECKING:
+    from claimkit.config import Config, QueueConfig
 
 __all__ = [
     "START",
@@ -135,6 +138,8 @@ class FakeServer:
         results: per result list name, the records pushed, oldest first.
         markers: ``id -> (value, expires_at or None)``: ``result-terminal:<id>``.
         cancels: ``id -> token``: ``request-cancel:<id>``.
+        key_types: ``key -> TYPE`` of keys a test made hold another type than the layout
+            says (none by default); :meth:`FakeQueueOps.first_wrong_type` reads it.
         calls: every call made, in order (:class:`Call`).
         hooks: ``op -> async fn(call)``, awaited before that operation applies: sleep in it
             to make Redis slow, raise ``StoreUnavailable`` in it to make Redis away.
@@ -148,6 +153,7 @@ class FakeServer:
         self.results: dict[str, list[bytes]] = {}
         self.markers: dict[str, tuple[str, float | None]] = {}
         self.cancels: dict[str, str] = {}
+        self.key_types: dict[str, str] = {}
         self.calls: list[Call] = []
         self.hooks: dict[str, Hook] = {}
 
@@ -160,6 +166,39 @@ class FakeServer:
     def ops(self, queue: str, **kwargs: Any) -> FakeQueueOps:
         """A :class:`FakeQueueOps` of ``queue`` on this server (keywords as ``QueueOps``)."""
         return FakeQueueOps(self, queue, **kwargs)
+
+    def factory(self, config: Config) -> Callable[[QueueConfig], FakeQueueOps]:
+        """An ``ops_factory`` for ``Consumer``: each queue's fake ops, configured as the
+        consumer's default ``QueueOps`` would be."""
+
+        def make(q: QueueConfig) -> FakeQueueOps:
+            return self.ops(
+                q.queue_name,
+                result_list=q.result_queue_name,
+                default_result_list=config.result_queue_name,
+                dedup_ttl=config.result_dedup_ttl_seconds,
+                lease_ttl=config.claim_lease_ttl_seconds,
+                retry_set=config.retry_queue_name,
+            )
+
+        return make
+
+    def submit(self, queue: str, rid: str, deadline: int, gen: str = "") -> bytes:
+        """Add a request to ``queue``'s pending set at score ``deadline``, as a producer
+        would (docs/protocol.md#producer); returns its member bytes."""
+        internal = {"request_token": gen} if gen else {}
+        doc = {
+            "internal": internal,
+            "request_kind": "plain",
+            "data": {"id": rid, "deadline": deadline},
+        }
+        member = json.dumps(doc, separators=(",", ":")).encode()
+        self.queue(queue).pending[member] = float(deadline)
+        return member
+
+    def records(self, result_list: str = "result-list") -> list[dict[str, Any]]:
+        """The records pushed onto ``result_list``, oldest first, parsed."""
+        return [json.loads(r) for r in self.results.get(result_list, [])]
 
     def log(self, op: str, queue: str = "") -> list[Call]:
         """The calls of one operation (of one queue, when given), in order."""
@@ -238,7 +277,9 @@ def _route(member: bytes) -> tuple[str | None, float | None]:
 
 
 class FakeQueueOps:
-    """What :class:`~claimkit.protocol.ops.QueueOps` does, on a :class:`FakeServer`.
+    """What :class:`~claimkit.protocol.ops.QueueOps` does, on a :class:`FakeServer`: it
+    satisfies :class:`~claimkit.protocol.ops.QueueProtocol`, so ``Consumer(ops_factory=...)``
+    takes it.
 
     Same constructor keywords, same methods, same replies; ``server_now`` in a reply is the
     fake server clock.
@@ -253,8 +294,10 @@ class FakeQueueOps:
         default_result_list: str = "result-list",
         dedup_ttl: int = 21600,
         lease_ttl: float = 300.0,
+        retry_set: str = "retry-sortedset",
     ) -> None:
         self.server = server
+        self.retry_set = retry_set
         self.queue = queue
         self.q = server.queue(queue)
         self.result_list = result_list
@@ -457,15 +500,31 @@ class FakeQueueOps:
 
     # -- the retry mover -----------------------------------------------------------------------
 
-    async def move_retries(self, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
-        """The retry mover (``claimkit.protocol.ops.move_retries``): calls repeat until
-        no member is due. Returns ``(moved, dead)``."""
+    # -- the consumer's other calls: retry mover, backlog, key types ---------------------------
+
+    async def move_retries(self, *, limit: int = CHUNK) -> tuple[int, int]:
+        """The retry mover on :attr:`retry_set`: calls repeat until no member is due.
+        Returns ``(moved, dead)``."""
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         await self._enter("move_retries")
         moved = dead = 0
         more = True
         while more:
-            m, d, more = self.server.move_retries(retry_set, limit)
+            m, d, more = self.server.move_retries(self.retry_set, limit)
             moved, dead = moved + m, dead + d
         return moved, dead
+
+    async def backlog(self) -> int:
+        await self._enter("backlog")
+        return len(self.q.pending)
+
+    async def first_wrong_type(self, expected: Mapping[str, str]) -> tuple[str, str, str] | None:
+        """The first key of ``expected`` that :attr:`FakeServer.key_types` says holds another
+        type, as ``(key, found, expected)``; ``None`` when there is none."""
+        await self._enter("first_wrong_type")
+        for key, want in expected.items():
+            found = self.server.key_types.get(key, "none")
+            if found not in ("none", want):
+                return key, found, want
+        return None
