@@ -70,9 +70,12 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install("ruff==0.17.6")  # pinned: a new rule must not fail CI unannounced
+    """ruff (rules, format) and the layer contracts of docs/architecture.md (lint-imports)."""
+    # Pinned: a new rule must not fail CI unannounced. lint-imports reads the installed package.
+    session.install("ruff==0.17.6", "import-linter==2.17", ".")
     session.run("ruff", "check", "claimkit", "tests", "bench", "noxfile.py")
     session.run("ruff", "format", "--check", "claimkit", "tests", "bench", "noxfile.py")
+    session.run("lint-imports")
 
 
 @nox.session(python=PYTHON)
