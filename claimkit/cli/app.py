@@ -11,11 +11,12 @@ import logging
 import os
 import sys
 from importlib.metadata import version as package_version
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from claimkit.cli.common import (
+    Interrupt,
     QueueName,
     RedisUrl,
     TransportConfig,
@@ -23,9 +24,12 @@ from claimkit.cli.common import (
     config_from,
     fail,
     flow_help,
-    run,
+    run_to_end,
     usage_error,
 )
+
+if TYPE_CHECKING:
+    from claimkit.store.api import Store
 
 app = typer.Typer(
     name="claimkit",
@@ -189,7 +193,7 @@ def serve(
         logging.getLogger("coredis").setLevel(logging.WARNING)
     from claimkit.consumer.serve import serve_forever
 
-    summary = run(
+    summary = run_to_end(
         lambda: serve_forever(config, backend=store_backend, allow_eviction=allow_eviction),
         url=config.url,
     )
@@ -266,20 +270,18 @@ def submit(
         sys.stderr.write("claimkit: nothing submitted: the input holds no requests\n")
         return
 
-    async def go() -> list[str]:
-        from claimkit.producer import Producer, SubmitError
-        from claimkit.store.api import open_store
+    from claimkit.cli.runner import with_store
+    from claimkit.producer import Producer, SubmitError
 
-        async with open_store(config.url) as store:
-            producer = Producer(store, queue)
-            try:
-                return await producer.submit_many(docs)
-            except SubmitError as exc:
-                if exc.index is None:
-                    raise
-                raise SubmitError(f"{where(numbered[exc.index][0])}{exc}") from None
+    async def go(store: Store) -> list[str]:
+        try:
+            return await Producer(store, queue).submit_many(docs)
+        except SubmitError as exc:
+            if exc.index is None:
+                raise
+            raise SubmitError(f"{where(numbered[exc.index][0])}{exc}") from None
 
-    for token in run(go, url=config.url):
+    for token in with_store(config, go, interrupt=Interrupt.RAISE):
         typer.echo(token)
 
 
