@@ -205,6 +205,19 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _parse_request(line: str, n: int | None) -> Any:
+    """One request's JSON, or exit with one line naming line ``n`` (``None``: the argument)."""
+    bad = "the request is not valid JSON" if n is None else f"line {n}: not valid JSON"
+    try:
+        return json.loads(line, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        fail(f"{bad}: {exc.msg} at column {exc.colno}")
+    except ValueError as exc:  # NaN/Infinity, or an int of more digits than Python converts
+        fail(f"{bad}: {exc}".split(";")[0])
+    except RecursionError:
+        fail(f"{bad}: nested too deeply")
+
+
 @app.command()
 def submit(
     request: Annotated[
@@ -255,17 +268,7 @@ def submit(
     def where(n: int) -> str:
         return f"line {n}: " if from_lines else ""
 
-    docs: list[Any] = []
-    for n, line in numbered:
-        bad = f"line {n}: not valid JSON" if from_lines else "the request is not valid JSON"
-        try:
-            docs.append(json.loads(line, parse_constant=_no_constant))
-        except json.JSONDecodeError as exc:
-            fail(f"{bad}: {exc.msg} at column {exc.colno}")
-        except ValueError as exc:  # NaN/Infinity, or an int of more digits than Python converts
-            fail(f"{bad}: {exc}".split(";")[0])
-        except RecursionError:
-            fail(f"{bad}: nested too deeply")
+    docs = [_parse_request(line, n if from_lines else None) for n, line in numbered]
     if not docs:
         sys.stderr.write("claimkit: nothing submitted: the input holds no requests\n")
         return

@@ -18,7 +18,6 @@ from claimkit.cli.common import (
 from claimkit.cli.runner import until_sigint, with_store, with_store_until_stopped
 
 if TYPE_CHECKING:
-    from claimkit.producer import SubmitError
     from claimkit.store.api import Store
 
 __all__ = ["RESULT_LINE_PREVIEW", "cancel", "record_line", "results"]
@@ -180,10 +179,18 @@ def cancel(
         claimkit cancel --redis-url redis://127.0.0.1:6379/0 r1 r2
     """
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
-    from claimkit.ops.cancel import cancel_requests
+    from claimkit.producer import Producer, SubmitError
 
     async def go(store: Store) -> tuple[list[bool], SubmitError | None]:
-        return await cancel_requests(store, ids)
+        # In order; a refused id (a cancel key of another type) stops the run there.
+        found: list[bool] = []
+        producer = Producer(store, "")
+        for rid in ids:
+            try:
+                found.append(await producer.cancel(rid))
+            except SubmitError as exc:
+                return found, exc
+        return found, None
 
     outcomes, refused = with_store(config, go)
     for rid, cancelled in zip(ids, outcomes, strict=False):
