@@ -11,8 +11,7 @@ import enum
 import inspect
 import json
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import trio
 import typer
@@ -28,6 +27,9 @@ from claimkit.store.api import (
     redact_url,
 )
 from claimkit.store.server_checks import ClusterUnsupported
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 T = TypeVar("T")
 
@@ -60,6 +62,12 @@ RedisUrl = Annotated[
     ),
 ]
 QueueName = Annotated[str, typer.Option("--queue", "-q", help="The queue (pending ZSET) name.")]
+Queue = Annotated[
+    str,
+    typer.Option("--queue", "-q", help="The queue (pending ZSET) name.", show_default=False),
+]
+"""``--queue`` of the operator commands: required, so no default is shown."""
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of text.")]
 
 
 EXIT_OK = 0

@@ -6,8 +6,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from claimkit.cli.common import RedisUrl, TransportConfig, TransportConfigFile, fail, usage_error
-from claimkit.cli.options import JsonOut, Queue
+from claimkit.cli.common import (
+    JsonOut,
+    Queue,
+    RedisUrl,
+    TransportConfig,
+    TransportConfigFile,
+    fail,
+    usage_error,
+)
 from claimkit.cli.runner import console, resolve_queue, show, with_store
 
 if TYPE_CHECKING:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from claimkit.cli.common import (
+    JsonOut,
+    Queue,
     RedisUrl,
     TransportConfig,
     TransportConfigFile,
@@ -14,7 +16,6 @@ from claimkit.cli.common import (
     fail,
     usage_error,
 )
-from claimkit.cli.options import JsonOut, Queue
 from claimkit.cli.runner import console, resolve_queue, show, with_store
 
 if TYPE_CHECKING:

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from claimkit.cli.common import RedisUrl, TransportConfig, TransportConfigFile, usage_error
-from claimkit.cli.options import JsonOut, Queue
+from claimkit.cli.common import (
+    JsonOut,
+    Queue,
+    RedisUrl,
+    TransportConfig,
+    TransportConfigFile,
+    usage_error,
+)
 from claimkit.cli.runner import console, resolve_queue, show, with_store, with_store_until_stopped
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from claimkit.cli.console import Console, RenderableType
     from claimkit.ops.inspect import QueueSnapshot
     from claimkit.ops.watch import WatchFrame

@@ -16,12 +16,15 @@ stderr: exit status 1 when the work could not be done (:func:`claimkit.cli.commo
 
 from __future__ import annotations
 
-import typer
+from typing import TYPE_CHECKING
 
 from claimkit.cli.dead_commands import dead_app
 from claimkit.cli.drain_commands import drain, reclaim
 from claimkit.cli.inspect_command import inspect_queue
 from claimkit.cli.results_commands import cancel, results
+
+if TYPE_CHECKING:
+    import typer
 
 __all__ = ["register"]
 

@@ -8,7 +8,6 @@ records go, and which Redis type each key it reads must hold. Unrelated to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,8 @@ from claimkit.ops.inspect import queue_key_types
 from claimkit.protocol import keys as _keys
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from claimkit.config import Config, QueueConfig
     from claimkit.ops.dead import DeadLetter, DeathCause
 

@@ -8,7 +8,6 @@ without losing a record it popped. Neither prints anything: records go to the ca
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -17,6 +16,8 @@ from claimkit.protocol import keys as _keys
 from claimkit.store.api import StoreUnavailable
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from claimkit.store.api import Store
 
 __all__ = [

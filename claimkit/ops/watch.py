@@ -9,7 +9,6 @@ It draws nothing itself: the CLI turns each frame into its live view.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,8 @@ from claimkit.ops.inspect import check_key_types, snapshot
 from claimkit.store.api import StoreUnavailable
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from claimkit.ops.inspect import QueueSnapshot
     from claimkit.store.api import Store
 
