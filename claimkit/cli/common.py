@@ -161,7 +161,8 @@ class Interrupt(enum.Enum):
     """What Ctrl-C (``KeyboardInterrupt``, also inside an exception group) means to :func:`run`."""
 
     RAISE = "raise"
-    """Not handled here: it propagates (``serve`` and ``submit`` handle their own)."""
+    """Not handled here: it propagates to click (``Aborted!``, exit status 1). ``serve``
+    handles SIGINT itself (a drain); ``submit`` writes in one transaction."""
     STOP = "stop"
     """The normal way to stop (``--watch``, ``--follow``): the command ends quietly, 0."""
     FAIL = "fail"
