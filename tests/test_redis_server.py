@@ -28,7 +28,7 @@ from claimkit.dev.redis_server import (
     find_server_binary,
     not_found_message,
 )
-from claimkit.store.api import Store, StoreUnavailable, open_store
+from claimkit.store import Store, StoreUnavailable, open_store
 
 RedisFactory = Callable[..., RedisServer]
 

@@ -268,7 +268,7 @@ def submit(
 
     async def go() -> list[str]:
         from claimkit.producer import Producer, SubmitError
-        from claimkit.store.api import open_store
+        from claimkit.store import open_store
 
         async with open_store(config.url) as store:
             producer = Producer(store, queue)

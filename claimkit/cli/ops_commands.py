@@ -34,13 +34,13 @@ from claimkit.cli.common import (
 )
 from claimkit.config import Config, ConfigError, QueueConfig
 from claimkit.protocol import keys as _keys
-from claimkit.store.api import StoreUnavailable, open_store
+from claimkit.store import StoreUnavailable, open_store
 
 if TYPE_CHECKING:
     from claimkit.cli.console import Console, RenderableType
     from claimkit.ops.drain import DrainReport
     from claimkit.ops.inspect import QueueSnapshot
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["follow_results", "register", "watch_queue"]
 

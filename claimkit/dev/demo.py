@@ -46,12 +46,12 @@ from claimkit.cli.console import make_console
 from claimkit.dev.redis_server import RedisServer
 from claimkit.producer import Producer
 from claimkit.protocol import keys as _keys
-from claimkit.store.api import open_store
+from claimkit.store import open_store
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["run_demo"]
 
