@@ -341,8 +341,12 @@ def demo(
 
         claimkit demo --requests 300
     """
-    from claimkit.dev.demo import run_demo
+    from claimkit.dev import DevExtraMissing
 
+    try:
+        from claimkit.dev.demo import run_demo
+    except DevExtraMissing as exc:  # only that: any other ImportError is a bug and surfaces
+        fail(str(exc))
     raise typer.Exit(run_demo(requests=requests, keep=keep))
 
 

@@ -18,7 +18,14 @@ import typer
 
 from claimkit.config import Config, ConfigError, has_password, load_config
 from claimkit.producer import SubmitError
-from claimkit.store import CLIENT_CERT_HINT, StoreError, StorePermissionError, StoreTlsError, StoreUnavailable, redact_url
+from claimkit.store import (
+    CLIENT_CERT_HINT,
+    StoreError,
+    StorePermissionError,
+    StoreTlsError,
+    StoreUnavailable,
+    redact_url,
+)
 from claimkit.store.server_checks import ClusterUnsupported
 
 T = TypeVar("T")

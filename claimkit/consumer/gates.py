@@ -52,6 +52,7 @@ __all__ = [
     "make_gate",
 ]
 
+
 class GateError(RuntimeError):
     """The gate could not decide; the candidates stay pending."""
 

@@ -12,6 +12,7 @@ from claimkit.store.urls import check_url
 __all__ = ["open_store"]
 
 
+@asynccontextmanager
 async def open_store(
     url: str, *, backend: str = "coredis", timeout: float = 10.0
 ) -> AsyncIterator[Store]:

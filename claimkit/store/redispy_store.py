@@ -32,7 +32,14 @@ import trio
 
 from claimkit._errors import ConfigError
 from claimkit.store.acl_refusals import ACL_LOG_ENTRIES, acl_user, is_acl_refusal, permission_error
-from claimkit.store.interface import Arg, ScriptCall, StoreError, StorePermissionError, StoreTlsError, StoreUnavailable
+from claimkit.store.interface import (
+    Arg,
+    ScriptCall,
+    StoreError,
+    StorePermissionError,
+    StoreTlsError,
+    StoreUnavailable,
+)
 from claimkit.store.redact import redact_url
 from claimkit.store.script_calls import check_keys, run_pipelined
 from claimkit.store.tls import tls_file_error, tls_problem

@@ -42,8 +42,6 @@ async def run_pipelined(
 
 
 def check_keys(script: Script, keys: Sequence[str]) -> None:
+    """Raise ``ValueError`` (one line) unless ``len(keys)`` is ``script.numkeys``."""
     if len(keys) != script.numkeys:
         raise ValueError(f"{script.name} takes {script.numkeys} keys, got {len(keys)}")
-
-
-@asynccontextmanager
