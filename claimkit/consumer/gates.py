@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from claimkit.config.gate_params import (
-    DEFAULT_BUDGET_KEY,
-    GATE_PARAMS,
     budget_key,
     check_gate_address,
     check_gate_params,
@@ -42,13 +40,9 @@ if TYPE_CHECKING:
     from claimkit.store import Store
 
 __all__ = [
-    "DEFAULT_BUDGET_KEY",
-    "GATE_PARAMS",
     "Gate",
     "GateError",
-    "budget_key",
-    "check_gate_address",
-    "check_gate_params",
+    "budget_key",  # the config layer's (claimkit.config.gate_params), for the consumer
     "make_gate",
 ]
 
