@@ -81,7 +81,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    session.install(".[test,dev]", "mypy==2.4.1")
+    session.install(".[test]", "mypy==2.4.1")
     session.run("mypy", "claimkit")
 
 

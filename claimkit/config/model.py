@@ -8,11 +8,20 @@ from typing import Any
 
 from claimkit._errors import ConfigError
 
-__all__ = ["DEFAULT_MAX_DELIVERIES", "MAX_NUMBER", "Config", "QueueConfig"]
+__all__ = ["DEFAULT_MAX_DELIVERIES", "MAX_NUMBER", "Config", "QueueConfig", "WrongKeyType"]
 
 DEFAULT_MAX_DELIVERIES = 10
 MAX_NUMBER = 2**31 - 1
 """The largest value any numeric field takes (24.8 days in ms, 68 years in seconds)."""
+
+
+class WrongKeyType(ConfigError):
+    """A key claimkit reads holds another Redis type than the layout says (docs/protocol.md#keys).
+
+    ``str(err)`` is one line naming the key, what it holds and what was expected. Raised by
+    the operator commands (``claimkit.ops.inspect.check_key_types``) and by ``serve``'s
+    preflight and consumer; defined here, below both.
+    """
 
 
 @dataclass(frozen=True, slots=True)

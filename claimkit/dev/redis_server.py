@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING, Literal
 
 from claimkit.dev.resp_client import HOST as _HOST
 from claimkit.dev.resp_client import call as _call
-from claimkit.dev.resp_client import pick_free_port as _pick_free_port
 from claimkit.dev.server_binary import (
     BINARY_ENV,
     FALLBACK_REQUIREMENT,
@@ -59,6 +59,17 @@ _PORT_ATTEMPTS = 5  # fresh ports tried when the one picked is taken before the 
 _POLL_INTERVAL = 0.02  # seconds between readiness probes
 _PROBE_TIMEOUT = 1.0  # seconds allowed for one readiness probe's connect and replies
 _TAIL_BYTES = 4000  # how much of the log an error message quotes
+_SHARED_PORT = 6379  # the machine's shared Redis may listen here: never ours
+
+
+def _pick_free_port() -> int:
+    """A port that nothing on 127.0.0.1 was bound to a moment ago (never 6379)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((_HOST, 0))
+            port: int = sock.getsockname()[1]
+        if port != _SHARED_PORT:
+            return port
 
 
 class RedisServerError(RuntimeError):

@@ -1,5 +1,5 @@
 """A minimal synchronous RESP2 client for the private Redis server: pipelined commands on a
-fresh connection (readiness probes, ``FLUSHALL``), and a free port to start it on."""
+fresh connection (readiness probes, ``FLUSHALL``)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,6 @@ from collections.abc import Sequence
 from typing import IO
 
 HOST = "127.0.0.1"
-SHARED_PORT = 6379  # the machine's shared Redis may listen here: never ours
-
-
-def pick_free_port() -> int:
-    """A port that nothing on 127.0.0.1 was bound to a moment ago (never 6379)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((HOST, 0))
-            port: int = sock.getsockname()[1]
-        if port != SHARED_PORT:
-            return port
 
 
 class RespError(Exception):
