@@ -73,7 +73,7 @@ from chaos_observe import (
 from claimkit.dev.redis_server import RedisServer, RedisServerError, find_server_binary
 from claimkit.producer import Producer
 from claimkit.protocol.keys import request_active
-from claimkit.store.api import Store, StoreError, StoreUnavailable, open_store
+from claimkit.store import Store, StoreError, StoreUnavailable, open_store
 
 QUEUE = "chaos"
 RESULTS = "result-list"

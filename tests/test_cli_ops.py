@@ -27,7 +27,7 @@ from claimkit.ops.inspect import queue_key_types
 from claimkit.producer import Producer
 from claimkit.protocol.models import Invalid, parse_member
 from claimkit.protocol.ops import QueueOps, new_token
-from claimkit.store.api import Arg, Store, open_store
+from claimkit.store import Arg, Store, open_store
 
 T = TypeVar("T")
 

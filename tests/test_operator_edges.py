@@ -34,7 +34,7 @@ from claimkit.cli.app import app
 from claimkit.cli.console import format_duration, format_time
 from claimkit.dev.redis_server import RedisServer
 from claimkit.ops.results import follow_results
-from claimkit.store.api import Arg, Store, StoreUnavailable
+from claimkit.store import Arg, Store, StoreUnavailable
 
 T = TypeVar("T")
 runner = CliRunner()

@@ -29,7 +29,7 @@ from claimkit.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 app = typer.Typer(
     name="claimkit",
@@ -346,8 +346,12 @@ def demo(
 
         claimkit demo --requests 300
     """
-    from claimkit.dev.demo import run_demo
+    from claimkit.dev import DevExtraMissing
 
+    try:
+        from claimkit.dev.demo import run_demo
+    except DevExtraMissing as exc:  # only that: any other ImportError is a bug and surfaces
+        fail(str(exc))
     raise typer.Exit(run_demo(requests=requests, keep=keep))
 
 

@@ -18,7 +18,7 @@ import typer
 
 from claimkit.config import Config, ConfigError, has_password, load_config
 from claimkit.producer import SubmitError
-from claimkit.store.api import (
+from claimkit.store import (
     CLIENT_CERT_HINT,
     StoreError,
     StorePermissionError,

@@ -20,7 +20,7 @@ from claimkit.cli.runner import console, resolve_queue, show, with_store
 if TYPE_CHECKING:
     from claimkit.cli.console import RenderableType
     from claimkit.ops.dead import DeadLetter, PurgeReport, RequeueReport
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["dead_app"]
 

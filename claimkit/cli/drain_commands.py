@@ -21,7 +21,7 @@ from claimkit.cli.runner import console, resolve_queue, show, with_store
 if TYPE_CHECKING:
     from claimkit.ops.drain import DrainReport
     from claimkit.ops.inspect import QueueSnapshot
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["drain", "reclaim"]
 

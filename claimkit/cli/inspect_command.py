@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from claimkit.cli.console import Console, RenderableType
     from claimkit.ops.inspect import QueueSnapshot
     from claimkit.ops.watch import WatchFrame
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["inspect_queue", "live_watch", "watch_view"]
 

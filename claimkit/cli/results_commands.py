@@ -18,7 +18,7 @@ from claimkit.cli.common import (
 from claimkit.cli.runner import until_sigint, with_store, with_store_until_stopped
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["RESULT_LINE_PREVIEW", "cancel", "record_line", "results"]
 

@@ -28,13 +28,13 @@ from claimkit.cli.common import (
     usage_error,
 )
 from claimkit.config import ConfigError
-from claimkit.store.api import open_store
+from claimkit.store import open_store
 
 if TYPE_CHECKING:
     from claimkit.cli.console import Console, RenderableType
     from claimkit.config import Config
     from claimkit.ops.queues import OperatorQueue
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = [
     "console",

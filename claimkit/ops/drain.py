@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from claimkit.protocol.ops import CHUNK, QueueOps
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["DrainReport", "drain_claims", "list_claim_ids"]
 
@@ -103,7 +103,7 @@ async def drain_claims(
     Raises:
         ValueError: ``batch_size`` < 1.
         StoreUnavailable, StoreError: from the store; batches already done stay done. A
-            user without ``MULTI`` gets :class:`~claimkit.store.api.StorePermissionError` at
+            user without ``MULTI`` gets :class:`~claimkit.store.StorePermissionError` at
             the first batch's read, before any claim is released.
 
     Cancellation: each batch is atomic in Redis; a cancelled drain leaves earlier batches

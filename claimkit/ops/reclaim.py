@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from claimkit.config import Config
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["reclaim_all", "reclaim_json"]
 

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 import trio
 
 from claimkit.protocol import keys as _keys
-from claimkit.store.api import StoreUnavailable
+from claimkit.store import StoreUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = [
     "FOLLOW_BLOCK_SECONDS",

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 import trio
 
 from claimkit.ops.inspect import check_key_types, snapshot
-from claimkit.store.api import StoreUnavailable
+from claimkit.store import StoreUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from claimkit.ops.inspect import QueueSnapshot
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["WATCH_STALE_AFTER", "WatchFrame", "watch_queue"]
 
