@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from claimkit.store.api import Arg, Store, open_store
+from claimkit.store import Arg, Store, open_store
 
 T = TypeVar("T")
 

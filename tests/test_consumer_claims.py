@@ -19,7 +19,7 @@ from claimkit.protocol.models import Envelope, TerminalRecord, parse_member
 from claimkit.protocol.ops import QueueOps, ReclaimCounts
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 Q = "requests"
 

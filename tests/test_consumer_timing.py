@@ -31,7 +31,7 @@ from claimkit.consumer.consumer import (
 from claimkit.consumer.dispatch import Done, Outcome
 from claimkit.consumer.settle import ACK_LINGER_SECONDS
 from claimkit.protocol.models import Envelope, TerminalRecord
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 Q = "requests"
 FAR = int(START) + 100_000  # a deadline far ahead of everything below

@@ -17,7 +17,7 @@ from claimkit.ops.dead import (
     requeue_dead,
 )
 from claimkit.protocol.ops import CHUNK, QueueOps
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 Q = "{t}:jobs"
 DEAD = f"{Q}:dead"

@@ -45,7 +45,7 @@ from claimkit.protocol.models import (
     parse_member,
     retry_member,
 )
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 TIMEOUT = 10.0  # absolute cap for every test, seconds
 PREFIX = "Failed to send request to inference: "

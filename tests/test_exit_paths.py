@@ -32,7 +32,7 @@ from claimkit.protocol.models import (
     retry_member,
 )
 from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps, move_retries, new_token
-from claimkit.store.api import Store, open_store
+from claimkit.store import Store, open_store
 
 Q = "{tenant-b}:jobs"
 K = QueueKeys.for_queue(Q)

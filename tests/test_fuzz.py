@@ -35,7 +35,7 @@ from claimkit.config import Config, ConfigError, load_config
 from claimkit.consumer.consumer import Consumer
 from claimkit.dev.sim import SimConfig, serve_sim
 from claimkit.protocol.models import Invalid, parse_member
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 Q = "{fz}:q"
 DEAD = f"{Q}:dead"

@@ -20,7 +20,7 @@ from claimkit.cli.app import app
 from claimkit.config import ConfigError, load_config
 from claimkit.consumer.consumer import key_roles
 from claimkit.consumer.gates import LocalMaxConcurrencyGate, RedisBudgetGate, make_gate
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 GW = "http://127.0.0.1:9"
 

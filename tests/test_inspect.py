@@ -23,7 +23,7 @@ from claimkit.ops.inspect import (
     with_scores,
 )
 from claimkit.protocol.ops import new_token
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 Q = "{tenant-a}:requests"
 TOKEN_A = "a" * 32

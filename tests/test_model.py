@@ -49,7 +49,7 @@ from claimkit.protocol.models import (
     retry_member,
 )
 from claimkit.protocol.ops import AckItem, QueueOps
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 T = TypeVar("T")
 

@@ -24,7 +24,7 @@ from claimkit.protocol.models import (
     retry_member,
 )
 from claimkit.protocol.ops import ClaimCode, QueueOps, new_token
-from claimkit.store.api import Arg, Store
+from claimkit.store import Arg, Store
 from claimkit.store.scripts import Script
 
 Q = "requests"

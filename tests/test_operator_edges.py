@@ -32,9 +32,9 @@ from typer.testing import CliRunner, Result
 
 from claimkit.cli.app import app
 from claimkit.cli.console import format_duration, format_time
-from claimkit.cli.ops_commands import follow_results
 from claimkit.dev.redis_server import RedisServer
-from claimkit.store.api import Arg, Store, StoreUnavailable
+from claimkit.ops.results import follow_results
+from claimkit.store import Arg, Store, StoreUnavailable
 
 T = TypeVar("T")
 runner = CliRunner()

@@ -12,7 +12,7 @@ import trio
 
 from claimkit.ops.drain import DrainReport, drain_claims
 from claimkit.protocol.ops import CHUNK
-from claimkit.store.api import Arg, Store
+from claimkit.store import Arg, Store
 from claimkit.store.scripts import Script
 
 Q = "jobs"

@@ -34,7 +34,7 @@ from redis_state import do, redis
 from claimkit.producer import Producer
 from claimkit.protocol.models import Envelope, parse_member
 from claimkit.protocol.ops import CHUNK, QueueOps, new_token
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 pytestmark = pytest.mark.slow
 

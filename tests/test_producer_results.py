@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from claimkit import Producer
 from claimkit.cli.app import app
 from claimkit.protocol.models import TerminalRecord
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 DEEP = b"[" * 100_000  # json.loads raises RecursionError, not ValueError
 

@@ -41,7 +41,7 @@ from claimkit.protocol.ops import (
     new_token,
     token_time,
 )
-from claimkit.store.api import Arg, ScriptCall, Store, StoreError
+from claimkit.store import Arg, ScriptCall, Store, StoreError
 from claimkit.store.scripts import Script
 
 Q = "{tenant-a}:requests"

@@ -28,7 +28,7 @@ from claimkit.producer import Producer
 from claimkit.protocol.keys import QueueKeys
 from claimkit.protocol.models import Envelope, parse_member
 from claimkit.protocol.ops import QueueOps, new_token
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 Q = "orphans"
 K = QueueKeys.for_queue(Q)

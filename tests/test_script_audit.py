@@ -21,7 +21,7 @@ import trio
 from conftest import RedisFactory
 
 from claimkit.protocol.keys import QueueKeys
-from claimkit.store.api import Arg, Store, StoreError, open_store
+from claimkit.store import Arg, Store, StoreError, open_store
 from claimkit.store.scripts import all_scripts
 
 Q = "q"

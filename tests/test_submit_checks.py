@@ -32,7 +32,7 @@ from claimkit.protocol.models import (
     Invalid,
     parse_member,
 )
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 T = TypeVar("T")
 Q = "sq"

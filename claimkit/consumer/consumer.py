@@ -48,13 +48,13 @@ from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock, un
 from claimkit.consumer.settle import SWEEP_TIMEOUT_SECONDS, Settler
 from claimkit.consumer.upkeep import Upkeep
 from claimkit.protocol.ops import QueueOps, QueueProtocol
-from claimkit.store.api import StoreError, StoreUnavailable
+from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
     from claimkit.config import Config, QueueConfig
     from claimkit.consumer.http import HttpClient
     from claimkit.protocol.models import Envelope, TerminalRecord
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = [
     "CANCEL_GRACE_SECONDS",

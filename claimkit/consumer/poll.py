@@ -26,7 +26,7 @@ from claimkit.protocol.models import (
     parse_member,
 )
 from claimkit.protocol.ops import ClaimCode, new_token
-from claimkit.store.api import StoreError, StoreUnavailable
+from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -14,7 +14,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from claimkit.config import WrongKeyType
 from claimkit.consumer.preflight import check_key_roles
-from claimkit.store.api import StoreError, StorePermissionError, StoreUnavailable
+from claimkit.store import StoreError, StorePermissionError, StoreUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -160,7 +160,7 @@ class RedisHealth:
 
         Two refusals are of that kind:
 
-        - an ACL refusal (:class:`~claimkit.store.api.StorePermissionError`, ``NOPERM``): the
+        - an ACL refusal (:class:`~claimkit.store.StorePermissionError`, ``NOPERM``): the
           user may not run a command or touch a key the consumer needs; every retry would
           be refused the same way, with claims renewed and never finished. The line names
           the user, the command and the key (docs/security.md).

@@ -19,7 +19,7 @@ from claimkit.config import Config, ConfigError
 from claimkit.consumer.consumer import Consumer, Summary, check_key_roles, key_roles
 from claimkit.consumer.health import HttpBindError, serve_http
 from claimkit.protocol.ops import first_wrong_type
-from claimkit.store.api import Store, StoreUnavailable, open_store
+from claimkit.store import Store, StoreUnavailable, open_store
 from claimkit.store.server_checks import eviction_policy
 
 __all__ = ["serve_forever"]

@@ -16,7 +16,7 @@ import trio
 from claimkit.consumer.runtime import until_answered
 from claimkit.protocol.models import retry_member
 from claimkit.protocol.ops import AckItem
-from claimkit.store.api import StoreError
+from claimkit.store import StoreError
 
 if TYPE_CHECKING:
     from claimkit.consumer.claims import Claim

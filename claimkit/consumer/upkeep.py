@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from claimkit.protocol.ops import orphans_message
-from claimkit.store.api import StoreError, StoreUnavailable
+from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -23,7 +23,7 @@ from claimkit.protocol.ops import first_wrong_type, token_time
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = [
     "CLAIM_SCAN_MAX",

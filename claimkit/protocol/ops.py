@@ -23,7 +23,7 @@ from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecor
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Arg, Store
+    from claimkit.store import Arg, Store
 
 __all__ = [
     "CHUNK",
@@ -212,8 +212,8 @@ class QueueOps:
 
     It satisfies :class:`QueueProtocol`, the part of it the consumer uses.
 
-    Every method raises :class:`~claimkit.store.api.StoreUnavailable` or
-    :class:`~claimkit.store.api.StoreError` as the store does. A chunk that raised may or may
+    Every method raises :class:`~claimkit.store.StoreUnavailable` or
+    :class:`~claimkit.store.StoreError` as the store does. A chunk that raised may or may
     not have been applied; every script is safe to run again (docs/protocol.md#claim-protocol).
     """
 
@@ -552,8 +552,8 @@ class QueueProtocol(Protocol):
     ``result_list_for``, ``peek``, ``dead_letter``, ``claim``, ``renew``, ``ack``,
     ``park``, ``release``, ``reclaim``, ``move_retries``, ``backlog``,
     ``first_wrong_type``. Times are Unix seconds on the Redis server clock; each call
-    raises :class:`~claimkit.store.api.StoreUnavailable` or
-    :class:`~claimkit.store.api.StoreError` as Redis fails.
+    raises :class:`~claimkit.store.StoreUnavailable` or
+    :class:`~claimkit.store.StoreError` as Redis fails.
     """
 
     @property
