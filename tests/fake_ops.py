@@ -5,16 +5,13 @@ with the same arguments and the same replies, applying docs/protocol.md#claim-pr
 plain Python state instead of running the Lua scripts. Each call is atomic (it yields once,
 then applies its whole effect without another checkpoint), as a script is.
 
-Two uses:
-
 - **Timing tests** (tests/test_consumer_timing.py): the server clock is
-  ``start + trio.current_time()``, so under trio's ``autojump_clock`` leases lapse and
-  retries fall due in fake time, and every call is logged (:attr:`FakeServer.calls`) with
-  the trio time it was made at. :attr:`FakeServer.hooks` lets a test make an operation
-  hang or fail (Redis away) before it applies.
+  ``START + trio.current_time()``, so under ``autojump_clock`` leases lapse in fake time;
+  every call is logged with its trio time (:attr:`FakeServer.calls`), and
+  :attr:`FakeServer.hooks` make an operation hang or fail (Redis away) before it applies.
 - **Its own check** (tests/test_model.py): a hypothesis state machine drives the fake side
-  by side with the real scripts on a real Redis and compares every reply and the whole
-  state after every step, so the fake cannot drift from the scripts unnoticed.
+  by side with the real scripts on a real Redis, comparing every reply and the whole state
+  after every step, so the fake cannot drift from the scripts unnoticed.
 
 What the fake leaves out: key types (no key of another type exists here), the orphan scan
 (every claim here has its lease entry, so ``orphans`` and ``leases_restored`` stay 0) and
@@ -42,17 +39,6 @@ from claimkit.protocol.ops import CHUNK, ORPHAN_SCAN_COUNT, AckItem, ClaimCode, 
 
 if TYPE_CHECKING:
     from claimkit.config import Config, QueueConfig
-
-__all__ = [
-    "START",
-    "Call",
-    "FakeClaim",
-    "FakeQueue",
-    "FakeQueueOps",
-    "FakeServer",
-    "claim_expiry",
-    "renew_expiry",
-]
 
 START = 1_800_000_000.0
 """What the fake server clock reads at trio time 0 (Unix seconds, January 2027)."""
@@ -121,10 +107,6 @@ class Call:
 Hook = Callable[[Call], Awaitable[None]]
 
 
-def _default_clock() -> float:
-    return START + trio.current_time()
-
-
 class FakeServer:
     """The keyspace the fake protocol runs on, shared by every queue's :class:`FakeQueueOps`.
 
@@ -146,7 +128,7 @@ class FakeServer:
     """
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
-        self.clock = clock or _default_clock
+        self.clock = clock or (lambda: START + trio.current_time())
         self.queues: dict[str, FakeQueue] = {}
         self.retry: dict[str, dict[bytes, float]] = {}
         self.retry_dead: dict[str, dict[bytes, float]] = {}
@@ -187,12 +169,8 @@ class FakeServer:
         """Add a request to ``queue``'s pending set at score ``deadline``, as a producer
         would (docs/protocol.md#producer); returns its member bytes."""
         internal = {"request_token": gen} if gen else {}
-        doc = {
-            "internal": internal,
-            "request_kind": "plain",
-            "data": {"id": rid, "deadline": deadline},
-        }
-        member = json.dumps(doc, separators=(",", ":")).encode()
+        data = {"id": rid, "deadline": deadline}
+        member = json.dumps({"internal": internal, "request_kind": "plain", "data": data}).encode()
         self.queue(queue).pending[member] = float(deadline)
         return member
 
@@ -258,14 +236,9 @@ def _route(member: bytes) -> tuple[str | None, float | None]:
     """A retry member's ``internal.request_queue_name`` and numeric ``data.deadline``."""
     try:
         doc = json.loads(member)
-    except ValueError:
+        queue, deadline = doc["internal"].get("request_queue_name"), doc["data"].get("deadline")
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None, None
-    if not isinstance(doc, dict):
-        return None, None
-    internal, data = doc.get("internal"), doc.get("data")
-    if not isinstance(internal, dict) or not isinstance(data, dict):
-        return None, None
-    queue, deadline = internal.get("request_queue_name"), data.get("deadline")
     if not isinstance(queue, str) or not queue:
         queue = None
     if isinstance(deadline, bool) or not isinstance(deadline, int | float):
@@ -440,12 +413,6 @@ class FakeQueueOps:
         return codes
 
     # -- reclaim -------------------------------------------------------------------------------
-
-    async def reclaim_pass(
-        self, limit: int, max_deliveries: int, *, scan_count: int = ORPHAN_SCAN_COUNT
-    ) -> tuple[ReclaimCounts, bool]:
-        await self._enter("reclaim_pass")
-        return self._reclaim_call(limit, max_deliveries)
 
     async def reclaim(
         self,
