@@ -31,7 +31,7 @@ from claimkit.consumer.consumer import (
 from claimkit.consumer.dispatch import Done, Outcome
 from claimkit.consumer.settle import ACK_LINGER_SECONDS
 from claimkit.protocol.models import Envelope, TerminalRecord
-from claimkit.store import Store
+from claimkit.store import Store, StoreUnavailable
 
 Q = "requests"
 FAR = int(START) + 100_000  # a deadline far ahead of everything below
@@ -190,6 +190,36 @@ async def test_a_claim_taken_over_is_dropped_at_the_next_heartbeat(
     assert server.records() == []
     assert server.queue(Q).claims["r0"].token == "someone-else"
     assert [(c.at, c.ids) for c in server.log("release")] == [(35.0 + DRAIN, ("r1",))]
+
+
+async def test_a_heartbeat_redis_refuses_is_tried_again_at_the_next_tick(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Redis away for the 10 s tick: the claims stay held (no work cancelled), and the
+    cadence holds: the 20 s tick renews them (the lease taken at 0 s lapses at 30 s), and so
+    does the 30 s one, to ``30 + ttl``."""
+    server = FakeServer()
+    submit(server, 2)
+    handler = Blocking()
+
+    async def away(call: Call) -> None:
+        if call.at < 15:
+            raise StoreUnavailable("connection refused")
+
+    server.hooks["renew"] = away
+    config = make_config(claim_lease_ttl_seconds=30, drain_timeout_seconds=DRAIN)
+    async with running(server, config, handler) as run:
+        await trio.sleep_until(35)
+        leases = {rid: c.expiry for rid, c in server.queue(Q).claims.items()}
+        run.consumer.request_stop()
+    assert times(server.log("renew")) == [10.0, 20.0, 30.0]
+    assert leases == dict.fromkeys(("r0", "r1"), START + 30 + 30)
+    assert handler.cancelled == dict.fromkeys(("r0", "r1"), 35.0 + DRAIN)
+    assert (run.summary.taken_over, run.summary.released_elsewhere, run.summary.released) == (
+        0,
+        0,
+        2,
+    )
 
 
 # -- drain grace, cancel grace and the sweep (docs/protocol.md#tasks-and-shutdown) -----------
