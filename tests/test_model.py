@@ -286,6 +286,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         real, fake = self.both("ack", [item])
         assert real == fake
 
+    @precondition(lambda self: bool(self.swept_tickets()))
+    @rule(data=st.data())
+    def late_ack(self, data: st.DataObject) -> None:
+        """A stalled owner's result after its claim was swept, drained or reclaimed back to
+        pending: the ack withdraws that pending copy (docs/protocol.md#ack)."""
+        self.ack_ticket(data.draw(st.sampled_from(self.swept_tickets())))
+
+    def swept_tickets(self) -> list[Ticket]:
+        live = self.live_tickets()
+        return [t for t in self.tickets if t not in live and t.member in self.fq.pending]
+
     @precondition(lambda self: bool(self.tickets))
     @rule(data=st.data(), due=st.booleans())
     def park(self, data: st.DataObject, due: bool) -> None:
