@@ -27,6 +27,7 @@ from claimkit.consumer.consumer import (
     SWEEP_TIMEOUT_SECONDS,
     Consumer,
     QueueRuntime,
+    Summary,
 )
 from claimkit.consumer.dispatch import Done, Outcome
 from claimkit.consumer.settle import ACK_LINGER_SECONDS
@@ -75,7 +76,7 @@ class Run:
         self.ended_at: float | None = None
 
     @property
-    def summary(self) -> Any:
+    def summary(self) -> Summary:
         return self.consumer.summary
 
 
