@@ -192,6 +192,15 @@ def test_the_active_lua_dir_matches_the_source_tree() -> None:
 # -- includes --------------------------------------------------------------------------------
 
 
+_INCLUDE_LINE = re.compile(r"^-- @include _[a-z-]+\s*$", re.MULTILINE)
+
+
+def _first_function(text: str) -> str:
+    found = re.search(r"^local function (\w+)\(", text, re.MULTILINE)
+    assert found is not None
+    return found.group(1)
+
+
 def test_includes_are_resolved() -> None:
     includes = {p.stem: p.read_text(encoding="utf-8") for p in _scripts._lua_dir().glob("_*.lua")}
     assert set(includes) == {
@@ -199,14 +208,20 @@ def test_includes_are_resolved() -> None:
         "_drop-claim",
         "_guard-keys",
         "_lease",
+        "_member",
         "_push-terminal",
+        "_record",
         "_server-now",
     }
     for s in all_scripts().values():
         assert "@include" not in s.source, s.name
         raw = (_scripts._lua_dir() / f"{s.name}-{s.numkeys}.lua").read_text(encoding="utf-8")
         for name in re.findall(r"^-- @include (_[a-z-]+)\s*$", raw, re.MULTILINE):
-            assert includes[name].strip() in s.source, f"{s.name} lacks {name}"
+            # An include naming includes of its own has them pasted where it names them
+            # (or above, once per script): each piece between those lines is in the source.
+            for piece in _INCLUDE_LINE.split(includes[name]):
+                assert piece.strip() in s.source, f"{s.name} lacks {name}"
+            assert s.source.count(f"local function {_first_function(includes[name])}(") == 1
         # Every helper a script calls is defined in its resolved source.
         for helper in (
             "server_now",
@@ -220,6 +235,13 @@ def test_includes_are_resolved() -> None:
             "claim_score",
             "next_delivery",
             "lease_expiry",
+            "guarded_get",
+            "decode_member",
+            "member_deadline",
+            "member_id",
+            "member_internal",
+            "json_string",
+            "error_record",
         ):
             if re.search(rf"\b{helper}\(", s.source):
                 assert f"local function {helper}(" in s.source, f"{s.name}: {helper}"
