@@ -36,6 +36,7 @@ from claimkit.protocol.ops import (
     RENEW_CHUNK,
     AckItem,
     ClaimCode,
+    RenewCode,
     QueueOps,
     move_retries,
     new_token,
@@ -506,6 +507,24 @@ async def test_renew_is_capped_at_deadline_plus_30(store: Store) -> None:
         _, codes = await ops.renew([("soon", token, now + 5)], 1000)
         assert codes == [1]
         assert (await snapshot(store))[K.index] == [(b"soon", now + 35)]
+
+
+async def test_renew_of_a_passed_deadline_gets_the_claim_floor(store: Store) -> None:
+    """One lease rule (lua/_lease.lua) for claim and renew: deadline + 30 is already past,
+    so the renewed lease is server_now + min(ttl, 30), as a claim taken now would get; it
+    no longer lapses at once while its DEADLINE_EXCEEDED ack is on its way."""
+    with trio.fail_after(10):
+        ops = QueueOps(store, Q)
+        now = int(await server_now(store))
+        raw = member("late", now - 100)
+        await zadd(store, Q, [(now - 100, raw)])
+        _, _, (token,) = await claim_all(ops, [raw], ttl=300)
+        snow, codes = await ops.renew([("late", token, now - 100)], 300)
+        assert codes == [RenewCode.RENEWED]
+        assert (await snapshot(store))[K.index] == [(b"late", pytest.approx(snow + 30, abs=1e-5))]
+        snow, codes = await ops.renew([("late", token, now - 100)], 5)
+        assert codes == [RenewCode.RENEWED]
+        assert (await snapshot(store))[K.index] == [(b"late", pytest.approx(snow + 5, abs=1e-5))]
 
 
 # -- §3.4 ack --------------------------------------------------------------------------------

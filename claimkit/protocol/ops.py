@@ -11,6 +11,7 @@ consumer, the operator commands and the tests all call the protocol through it.
 
 from __future__ import annotations
 
+import enum
 import re
 import secrets
 import time
@@ -31,8 +32,12 @@ __all__ = [
     "RENEW_CHUNK",
     "AckItem",
     "ClaimCode",
+    "ParkCode",
     "QueueOps",
     "ReclaimCounts",
+    "ReleaseCode",
+    "RenewCode",
+    "RequeueCode",
     "move_retries",
     "new_token",
     "orphans_message",
@@ -98,13 +103,58 @@ def token_time(token: str) -> float | None:
     return stamp if stamp >= _EARLIEST_STAMP else None
 
 
-class ClaimCode:
-    """Per-candidate results of the claim script (``lua/claim-4.lua``)."""
+class ClaimCode(enum.IntEnum):
+    """Per-candidate replies of the claim script (``lua/claim-4.lua``,
+    docs/protocol.md#claim)."""
 
     LOST = 0
+    """No longer pending: another consumer claimed it first (or it was acked or moved)."""
     CLAIMED = 1
     CANCELLED = 2
+    """Claimed, and its ``request-cancel:<id>`` marker holds its ``request_token``."""
     BUSY = 3
+    """The id already has a live claim (a reused id): left pending."""
+
+
+class RenewCode(enum.IntEnum):
+    """Per-claim replies of the renew script (``lua/renew-2.lua``,
+    docs/protocol.md#heartbeat)."""
+
+    TAKEN = -1
+    """``claim-owners[id]`` holds another token: the claim is another owner's now."""
+    GONE = 0
+    """No claim any more (acked, released, parked or reclaimed)."""
+    RENEWED = 1
+
+
+class ReleaseCode(enum.IntEnum):
+    """Per-claim replies of the release script (``lua/release-4.lua``,
+    docs/protocol.md#release-and-sweep)."""
+
+    RENEWED_SINCE = -2
+    """The lease is not the expiry the caller read: renewed since, left alone."""
+    TAKEN = -1
+    """Owned by another token: left alone."""
+    GONE = 0
+    RELEASED = 1
+
+
+class ParkCode(enum.IntEnum):
+    """Per-request replies of the park script (``lua/park-4.lua``,
+    docs/protocol.md#park-for-retry)."""
+
+    NOT_OWNED = 0
+    PARKED = 1
+
+
+class RequeueCode(enum.IntEnum):
+    """Per-member replies of the requeue-dead script (``lua/requeue-dead-3.lua``)."""
+
+    LEFT_DEAD = -1
+    """No readable positive ``data.deadline``: the member stays dead."""
+    NOT_DEAD = 0
+    """Not in the dead set (any more)."""
+    REQUEUED = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,21 +328,21 @@ class QueueOps:
 
     async def claim(
         self, candidates: Sequence[tuple[Envelope, str]], lease_ttl: float
-    ) -> tuple[float, list[int]]:
+    ) -> tuple[float, list[ClaimCode]]:
         """Claim ``(envelope, token)`` pairs under a lease of ``lease_ttl`` seconds.
 
         Returns ``(server_now, codes)``: server time in Unix seconds and one
         :class:`ClaimCode` per candidate, in order.
         """
         now = 0.0
-        codes: list[int] = []
+        codes: list[ClaimCode] = []
         for chunk in _chunks(candidates):
             args: list[Arg] = [repr(float(lease_ttl)), _keys.REQUEST_CANCEL_PREFIX]
             for env, token in chunk:
                 args += [env.raw, env.id, token, env.deadline, env.request_token]
             reply = await self.store.run(script("claim"), self._claim_keys(), args)
             now = float(reply[0])
-            codes += [_int(v) for v in reply[1:]]
+            codes += [ClaimCode(_int(v)) for v in reply[1:]]
         return now, codes
 
     def _claim_keys(self) -> list[str]:
@@ -303,7 +353,7 @@ class QueueOps:
 
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
-    ) -> tuple[float, list[int]]:
+    ) -> tuple[float, list[RenewCode]]:
         """Renew ``(id, token, deadline)`` claims, fenced by token (docs/protocol.md#heartbeat).
 
         One round trip: a pipeline of one ``lua/renew-2.lua`` call per :data:`RENEW_CHUNK`
@@ -312,12 +362,13 @@ class QueueOps:
 
         Args:
             claims: ``(id, token, deadline)``; ``deadline`` in Unix seconds.
-            lease_ttl: seconds; each lease becomes ``min(now + lease_ttl, deadline + 30)``
-                on the server clock.
+            lease_ttl: seconds; each lease becomes what a claim taken now would get (the
+                one lease rule, ``lua/_lease.lua``): ``min(now + lease_ttl, deadline + 30)``,
+                never less than ``now + min(lease_ttl, 30)``, on the server clock.
 
         Returns:
-            ``(server_now, codes)``: Unix seconds at the last call, and per claim 1 renewed,
-            0 gone, -1 taken by another token.
+            ``(server_now, codes)``: Unix seconds at the last call, and one
+            :class:`RenewCode` per claim.
         """
         if not claims:
             return 0.0, []
@@ -329,10 +380,10 @@ class QueueOps:
                 args += [rid, token, deadline]
             calls.append((keys, args))
         now = 0.0
-        codes: list[int] = []
+        codes: list[RenewCode] = []
         for reply in await self.store.run_many(script("renew"), calls):
             now = float(reply[0])
-            codes += [_int(v) for v in reply[1:]]
+            codes += [RenewCode(_int(v)) for v in reply[1:]]
         return now, codes
 
     # -- ack (docs/protocol.md#ack) ------------------------------------------------------------
@@ -368,11 +419,11 @@ class QueueOps:
 
     async def park(
         self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
-    ) -> tuple[float, list[int]]:
+    ) -> tuple[float, list[ParkCode]]:
         """Move ``(id, token, delay_seconds, retry_member)`` claims to the retry set, fenced.
-        Returns ``(server_now, codes)`` with 1 parked, 0 not the caller's any more."""
+        Returns ``(server_now, codes)``: one :class:`ParkCode` per item."""
         now = 0.0
-        codes: list[int] = []
+        codes: list[ParkCode] = []
         k = self.keys
         for chunk in _chunks(items):
             args: list[Arg] = []
@@ -382,23 +433,24 @@ class QueueOps:
                 script("park"), [k.claimed, k.owners, k.index, retry_set], args
             )
             now = float(reply[0])
-            codes += [_int(v) for v in reply[1:]]
+            codes += [ParkCode(_int(v)) for v in reply[1:]]
         return now, codes
 
     # -- release (docs/protocol.md#release-and-sweep) ------------------------------------------
 
-    async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[int]:
+    async def release(
+        self, claims: Sequence[tuple[str, str, float | None]]
+    ) -> list[ReleaseCode]:
         """Hand ``(id, token, expected_expiry)`` claims back to pending at their original
         score. ``expected_expiry`` (Unix seconds, or ``None``) leaves alone a claim whose
-        lease changed since it was read. Codes: 1 released, 0 gone, -1 other owner,
-        -2 renewed since read."""
-        codes: list[int] = []
+        lease changed since it was read. One :class:`ReleaseCode` per claim."""
+        codes: list[ReleaseCode] = []
         for chunk in _chunks(claims):
             args: list[Arg] = []
             for rid, token, expected in chunk:
                 args += [rid, token, "" if expected is None else repr(float(expected))]
             reply = await self.store.run(script("release"), self._claim_keys(), args)
-            codes += [_int(v) for v in reply]
+            codes += [ReleaseCode(_int(v)) for v in reply]
         return codes
 
     # -- reclaim (docs/protocol.md#reclaim) ----------------------------------------------------
