@@ -4,12 +4,22 @@
 -- here (reclaim-6.lua: the expired claims and their delivery counts are found by the script
 -- itself); every other script is handed the record's bytes by Python in ARGV.
 --
--- json_string(s): s as a JSON string. cjson writes "/" as "\/" where Python's json writes
--- "/"; cjson escapes every "/" it writes, so undoing that cannot touch anything else.
+-- json_string(s): s as a JSON string, escaped as Python's json.dumps(ensure_ascii=False)
+-- escapes it: '"', '\\' and the control characters below 0x20 (short forms where JSON
+-- has them, else \u00xx); DEL and every other byte as is. (cjson.encode would also escape
+-- "/" and DEL, so its bytes would differ from the record Python writes for the same id.)
 -- error_record(id, code, message): the record of a non-HTTP outcome:
 --   {"id":<id>,"payload":"{\"error\":<message>}","error_code":<code>,"error_message":<message>}
+local JSON_ESCAPES = {
+  ['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f', ['\n'] = '\\n',
+  ['\r'] = '\\r', ['\t'] = '\\t',
+}
+
 local function json_string(s)
-  return (string.gsub(cjson.encode(s), '\\/', '/'))
+  local body = string.gsub(s, '[%z\1-\31"\\]', function(c)
+    return JSON_ESCAPES[c] or string.format('\\u%04x', string.byte(c))
+  end)
+  return '"' .. body .. '"'
 end
 
 local function error_record(id, code, message)

@@ -518,3 +518,36 @@ async def test_noscript_falls_back_to_eval_once(store: Store) -> None:
         assert stats["evalsha"] == stats["evalsha"] | {"calls": 2, "failed_calls": 1}
         assert stats["eval"]["calls"] == 1  # loaded now: EVALSHA alone
         assert await store.command("KEYS", "*") == []
+
+
+# -- one record serialiser (lua/_record.lua) -------------------------------------------------
+
+RECORD_TEXTS = [
+    "plain",
+    "a/b//c",
+    'q"uote',
+    "back\\slash\\/",
+    "é ü 中 😀",
+    "tab\tnl\nret\rff\fbs\bctl\x01\x1f",
+    "del\x7f",
+    "nul\x00byte",
+    "line\u2028sep",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", RECORD_TEXTS)
+async def test_the_lua_record_is_byte_for_byte_the_python_one(store: Store, text: str) -> None:
+    """``error_record`` (``lua/_record.lua``, what ``reclaim-6.lua`` pushes) writes exactly
+    the bytes :meth:`TerminalRecord.to_json` writes, for odd ids and messages alike."""
+    source = _scripts._resolve(
+        "-- @include _record\nreturn error_record(ARGV[1], ARGV[2], ARGV[3])",
+        _scripts._lua_dir(),
+        set(),
+    )
+    probe = Script("record", 0, source, hashlib.sha1(source.encode()).hexdigest())
+    message = f"lease expired 3 times {text} (max_deliveries=3)"
+    rid = text or "x"
+    with trio.fail_after(10):
+        got = await store.run(probe, [], [rid, "MAX_DELIVERIES_EXCEEDED", message])
+    assert got == TerminalRecord.error(rid, "MAX_DELIVERIES_EXCEEDED", message).to_json()
