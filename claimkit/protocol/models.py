@@ -29,6 +29,7 @@ __all__ = [
     "TerminalRecord",
     "parse_member",
     "retry_member",
+    "retry_queue_name",
 ]
 
 DEADLINE_INVALID_MESSAGE = "Failed: deadline is missing or invalid (Unix seconds)."
@@ -276,6 +277,19 @@ def retry_member(raw: bytes, queue: str, last: TerminalRecord | None = None) -> 
         body = last.payload.encode()[:LAST_RESPONSE_MAX_BYTES].decode("utf-8", errors="ignore")
         internal[LAST_RESPONSE_FIELD] = {"status_code": last.status_code, "payload": body}
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def retry_queue_name(member: bytes) -> str | None:
+    """The queue a retry-set member goes back to (its ``internal.request_queue_name``, set
+    by :func:`retry_member`; ``lua/move-retries-2.lua`` reads the same field), or ``None``
+    when the member is not JSON or names none. Never raises."""
+    try:
+        doc = json.loads(member)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    internal = doc.get("internal") if isinstance(doc, dict) else None
+    queue = internal.get("request_queue_name") if isinstance(internal, dict) else None
+    return queue if isinstance(queue, str) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,16 +11,22 @@ consumer, the operator commands and the tests all call the protocol through it.
 
 from __future__ import annotations
 
-import enum
-import re
-import secrets
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecord
+from claimkit.protocol.replies import ClaimCode as ClaimCode
+from claimkit.protocol.replies import InspectClaim, InspectReply, RequeueCode
+from claimkit.protocol.replies import ParkCode as ParkCode
+from claimkit.protocol.replies import ReclaimCounts as ReclaimCounts
+from claimkit.protocol.replies import ReleaseCode as ReleaseCode
+from claimkit.protocol.replies import RenewCode as RenewCode
+from claimkit.protocol.replies import orphans_message as orphans_message
+from claimkit.protocol.routing import ResultRouting
+from claimkit.protocol.tokens import new_token as new_token
+from claimkit.protocol.tokens import token_time as token_time
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
@@ -61,102 +67,6 @@ def _chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
-_TOKEN_TAG = 0xC1
-"""The first 8 of the 12 ``rand_a`` bits of claimkit's tokens: with the version and variant
-bits it makes a random 128-bit token pass :func:`token_time` once in 16,384 tries."""
-
-_TOKEN_HEX = re.compile(r"[0-9a-f]{12}7c1[0-9a-f][89ab][0-9a-f]{15}")
-
-_EARLIEST_STAMP = 1_600_000_000.0
-"""2020-09-13: an older stamp is not a claim time (a foreign token that matched by chance)."""
-
-
-def new_token(now: float | None = None) -> str:
-    """A fresh ownership token: a UUIDv7 (RFC 9562) as 32 lower-case hex chars.
-
-    48 bits of Unix time in milliseconds, the version (7) and variant bits, a tag byte
-    (:data:`_TOKEN_TAG`) and 66 random bits, so it stays unguessable (at least 64 random
-    bits, docs/protocol.md#ownership-tokens) and also says when the claim was taken:
-    :func:`token_time` reads it back for ``claimkit inspect``. Fencing compares tokens for
-    equality only; the time in a token never decides anything.
-
-    Args:
-        now: Unix seconds to stamp, ideally the Redis server clock as the caller estimates
-            it; this machine's clock when ``None``.
-    """
-    ms = int((time.time() if now is None else now) * 1000) & 0xFFFF_FFFF_FFFF
-    rand = int.from_bytes(secrets.token_bytes(9), "big") & ((1 << 66) - 1)
-    rand_a = (_TOKEN_TAG << 4) | (rand >> 62)
-    rand_b = rand & ((1 << 62) - 1)
-    value = (ms << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
-    return f"{value:032x}"
-
-
-def token_time(token: str) -> float | None:
-    """The Unix seconds a :func:`new_token` token was stamped with, or ``None`` when
-    ``token`` is not one (another consumer's token, or one from before claimkit stamped
-    them) or its stamp is older than 2020. Callers should also distrust a stamp far ahead
-    of the server clock."""
-    if _TOKEN_HEX.fullmatch(token) is None:
-        return None
-    stamp = int(token[:12], 16) / 1000
-    return stamp if stamp >= _EARLIEST_STAMP else None
-
-
-class ClaimCode(enum.IntEnum):
-    """Per-candidate replies of the claim script (``lua/claim-4.lua``,
-    docs/protocol.md#claim)."""
-
-    LOST = 0
-    """No longer pending: another consumer claimed it first (or it was acked or moved)."""
-    CLAIMED = 1
-    CANCELLED = 2
-    """Claimed, and its ``request-cancel:<id>`` marker holds its ``request_token``."""
-    BUSY = 3
-    """The id already has a live claim (a reused id): left pending."""
-
-
-class RenewCode(enum.IntEnum):
-    """Per-claim replies of the renew script (``lua/renew-2.lua``,
-    docs/protocol.md#heartbeat)."""
-
-    TAKEN = -1
-    """``claim-owners[id]`` holds another token: the claim is another owner's now."""
-    GONE = 0
-    """No claim any more (acked, released, parked or reclaimed)."""
-    RENEWED = 1
-
-
-class ReleaseCode(enum.IntEnum):
-    """Per-claim replies of the release script (``lua/release-4.lua``,
-    docs/protocol.md#release-and-sweep)."""
-
-    RENEWED_SINCE = -2
-    """The lease is not the expiry the caller read: renewed since, left alone."""
-    TAKEN = -1
-    """Owned by another token: left alone."""
-    GONE = 0
-    RELEASED = 1
-
-
-class ParkCode(enum.IntEnum):
-    """Per-request replies of the park script (``lua/park-4.lua``,
-    docs/protocol.md#park-for-retry)."""
-
-    NOT_OWNED = 0
-    PARKED = 1
-
-
-class RequeueCode(enum.IntEnum):
-    """Per-member replies of the requeue-dead script (``lua/requeue-dead-3.lua``)."""
-
-    LEFT_DEAD = -1
-    """No readable positive ``data.deadline``: the member stays dead."""
-    NOT_DEAD = 0
-    """Not in the dead set (any more)."""
-    REQUEUED = 1
-
-
 @dataclass(frozen=True, slots=True)
 class AckItem:
     """One terminal record to ack (docs/protocol.md#ack)."""
@@ -167,45 +77,6 @@ class AckItem:
     result_list: str
     record: bytes
     member: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ReclaimCounts:
-    """What one reclaim run did (docs/protocol.md, "Reclaim").
-
-    ``redelivered`` and ``dead`` count expired claims; ``ghosts`` the entries removed for
-    want of a payload. ``orphans`` counts the claims found without a lease entry
-    (docs/protocol.md, "Claims without a lease entry"); each of them is also counted in
-    ``leases_restored`` (given its lease back, not redelivered) or ``ghosts``.
-    """
-
-    redelivered: int = 0
-    dead: int = 0
-    ghosts: int = 0
-    orphans: int = 0
-    leases_restored: int = 0
-
-    def __add__(self, other: ReclaimCounts) -> ReclaimCounts:
-        return ReclaimCounts(
-            self.redelivered + other.redelivered,
-            self.dead + other.dead,
-            self.ghosts + other.ghosts,
-            self.orphans + other.orphans,
-            self.leases_restored + other.leases_restored,
-        )
-
-
-def orphans_message(counts: ReclaimCounts) -> str:
-    """The operator's warning about claims found without a lease entry, e.g. ``"1 claim
-    had no lease entry (evicted, partly restored or edited by hand?); its lease was given
-    back"`` (docs/protocol.md, "Claims without a lease entry")."""
-    n, restored = counts.orphans, counts.leases_restored
-    head = "1 claim had" if n == 1 else f"{n} claims had"
-    if restored == n:
-        what = "its lease was given back" if n == 1 else "their leases were given back"
-    else:
-        what = f"leases given back: {restored}, removed for want of a payload: {n - restored}"
-    return f"{head} no lease entry (evicted, partly restored or edited by hand?); {what}"
 
 
 ORPHAN_SCAN_COUNT = CHUNK
@@ -241,6 +112,29 @@ def _int(value: Any) -> int:
     return int(value)
 
 
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _lenient_float(value: Any) -> float | None:
+    """A score read from a field someone else may have written: ``None`` when absent or
+    not a number."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _lenient_int(value: Any) -> int:
+    """A count read from a hash field: 0 when absent or not an integer."""
+    try:
+        return 0 if value is None else int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
 class QueueOps:
     """The batched protocol operations of one queue.
 
@@ -274,21 +168,23 @@ class QueueOps:
         self.store = store
         self.queue = queue
         self.keys = _keys.QueueKeys.for_queue(queue)
-        self.result_list = result_list
+        self.routing = ResultRouting(result_list, default_result_list)
+        self.result_list = self.routing.queue_list
         self.default_result_list = default_result_list
         self.dedup_ttl = dedup_ttl
         self.lease_ttl = lease_ttl
         self._orphan_scan = _OrphanScan()
 
     def result_list_for(self, member_result_list: str | None) -> str:
-        """The destination list of a request's record (docs/protocol.md#terminal-record)."""
-        return self.result_list or member_result_list or self.default_result_list
+        """The destination list of a request's record (docs/protocol.md#terminal-record):
+        :meth:`ResultRouting.list_for`."""
+        return self.routing.list_for(member_result_list)
 
     @property
     def fallback_result_list(self) -> str:
         """Where a record goes when the list a member names holds another type of key: the
         queue's list, else the global one (the scripts check the type as they push)."""
-        return self.result_list or self.default_result_list
+        return self.routing.fallback
 
     # -- peek (docs/protocol.md#peek) ----------------------------------------------------------
 
@@ -438,9 +334,7 @@ class QueueOps:
 
     # -- release (docs/protocol.md#release-and-sweep) ------------------------------------------
 
-    async def release(
-        self, claims: Sequence[tuple[str, str, float | None]]
-    ) -> list[ReleaseCode]:
+    async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[ReleaseCode]:
         """Hand ``(id, token, expected_expiry)`` claims back to pending at their original
         score. ``expected_expiry`` (Unix seconds, or ``None``) leaves alone a claim whose
         lease changed since it was read. One :class:`ReleaseCode` per claim."""
@@ -478,8 +372,7 @@ class QueueOps:
             [
                 limit,
                 max_deliveries,
-                self.result_list or "",
-                self.default_result_list,
+                *self.routing.lua_args(),
                 _keys.RESULT_TERMINAL_PREFIX,
                 self.dedup_ttl,
                 scan.target,
@@ -531,6 +424,70 @@ class QueueOps:
                 continue
             if not full_scan or cycle_done:
                 return total
+
+    # -- operator scripts (claimkit inspect, claimkit dead requeue) -----------------------------
+
+    async def inspect(self, limit: int, scan_max: int) -> InspectReply:
+        """Read the queue's own keys in one instant, writing nothing (``lua/inspect-6.lua``).
+
+        Args:
+            limit: at most this many claim rows, earliest lease expiry first; 0 = all.
+            scan_max: at most this many fields of each claim hash are read to count the
+                claims without a lease entry; 0 = no bound.
+
+        Cancellation: nothing is written, so a cancelled call leaves no trace.
+        """
+        k = self.keys
+        reply = await self.store.run(
+            script("inspect"),
+            [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead],
+            [limit, scan_max],
+        )
+        raw_rows = reply[10:]
+        rows = tuple(
+            InspectClaim(
+                id=_text(rid),
+                lease_expiry=float(expiry),
+                owner=None if owner is None else _text(owner),
+                score=_lenient_float(score),
+                deliveries=_lenient_int(deliveries),
+                has_payload=bool(_int(has_payload)),
+            )
+            for rid, expiry, owner, score, deliveries, has_payload in (
+                raw_rows[i : i + 6] for i in range(0, len(raw_rows), 6)
+            )
+        )
+        return InspectReply(
+            server_now=float(reply[0]),
+            pending=_int(reply[1]),
+            oldest_pending_score=_lenient_float(reply[2]),
+            leases=_int(reply[3]),
+            expired=_int(reply[4]),
+            dead=_int(reply[5]),
+            redelivered=_int(reply[6]),
+            claims=_int(reply[7]),
+            orphans=_int(reply[8]),
+            claims_exact=bool(_int(reply[9])),
+            rows=rows,
+        )
+
+    async def requeue_dead(
+        self, members: Sequence[bytes], *, keep_marker: bool
+    ) -> list[RequeueCode]:
+        """Move dead members back to pending at ``data.deadline`` by exact bytes, reset
+        their delivery counts and, unless ``keep_marker``, delete the dedup marker of their
+        generation (``lua/requeue-dead-3.lua``), one script call per :data:`CHUNK`.
+        Returns one :class:`RequeueCode` per member."""
+        k = self.keys
+        flag = "1" if keep_marker else "0"
+        codes: list[RequeueCode] = []
+        for chunk in _chunks(members):
+            args: list[Arg] = [_keys.RESULT_TERMINAL_PREFIX, flag, *chunk]
+            reply = await self.store.run(
+                script("requeue-dead"), [k.dead, k.pending, k.deliveries], args
+            )
+            codes += [RequeueCode(_int(v)) for v in reply]
+        return codes
 
 
 async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
