@@ -47,6 +47,7 @@ __all__ = [
     "move_retries",
     "new_token",
     "orphans_message",
+    "script_source",
     "token_time",
 ]
 
@@ -488,6 +489,13 @@ class QueueOps:
             )
             codes += [RequeueCode(_int(v)) for v in reply]
         return codes
+
+
+def script_source(name: str) -> str:
+    """The full Lua text of the script called ``name`` (``"claim"``), includes resolved: for
+    tools that read what a script does, such as ``claimkit acl`` collecting the commands
+    each role's scripts call. Raises ``KeyError`` if there is no such script."""
+    return script(name).source
 
 
 async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
