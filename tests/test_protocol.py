@@ -832,6 +832,19 @@ async def test_move_retries_never_loses_a_member_routed_to_a_wrong_type_key(stor
             assert bad in [m for m, _ in state.get(RETRY, []) + state.get(RETRY_DEAD, [])]
 
 
+async def test_move_retries_dead_letters_a_nan_deadline(store: Store) -> None:
+    """Redis's cjson reads ``nan`` as a number; a ZADD at NaN would fail after the ZREM and
+    lose the member. lua/_member.lua reads no NaN deadline, so it is dead-lettered."""
+    with trio.fail_after(10):
+        bad = b'{"request_kind":"plain","data":{"id":"n","deadline":nan},"internal":'
+        bad += b'{"request_queue_name":"' + Q.encode() + b'"}}'
+        await zadd(store, RETRY, [(1.0, bad)])
+        t0 = await server_now(store)
+        assert await move_retries(store, RETRY) == (0, 1)
+        t1 = await server_now(store)
+        assert await snapshot(store) == {RETRY_DEAD: [(bad, Between(t0, t1))]}
+
+
 # -- §3.6 release ----------------------------------------------------------------------------
 
 
