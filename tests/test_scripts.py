@@ -477,6 +477,13 @@ async def test_the_store_refuses_a_wrong_key_count(store: Store, name: str) -> N
         assert await store.command("KEYS", "*") == [b"canary"]
 
 
+def test_a_script_checks_its_key_count() -> None:
+    s = script("claim")
+    s.check_key_count(["a", "b", "c", "d"])
+    with pytest.raises(ValueError, match="^claim takes 4 keys, got 3$"):
+        s.check_key_count(["a", "b", "c"])
+
+
 # -- SHA1 and NOSCRIPT ---------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -42,6 +43,12 @@ class Script:
     numkeys: int
     source: str
     sha1: str
+
+    def check_key_count(self, keys: Sequence[str]) -> None:
+        """Refuse a call with another number of keys than the script declares, before
+        anything is sent. Raises ``ValueError`` (``"claim takes 4 keys, got 3"``)."""
+        if len(keys) != self.numkeys:
+            raise ValueError(f"{self.name} takes {self.numkeys} keys, got {len(keys)}")
 
 
 def _lua_dir() -> Path:
