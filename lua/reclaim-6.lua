@@ -3,7 +3,8 @@
 
   Takes up to `limit` expired claims. Each goes back to pending at its original score with
   its delivery count incremented; one whose count reaches max_deliveries goes to the dead
-  set instead and gets a MAX_DELIVERIES_EXCEEDED record (once per generation). Index
+  set instead and gets a MAX_DELIVERIES_EXCEEDED record (once per generation; its JSON from
+  lua/_record.lua, the bytes TerminalRecord.to_json would write). Index
   entries with no claimed payload (ghosts) are removed.
 
   Claims without a lease entry (orphans: the index entry was evicted, lost in a partial

@@ -242,7 +242,7 @@ async def test_busy_id_stays_pending(store: Store) -> None:
 
 
 @pytest.mark.parametrize(
-    ("gen_token", "cancel_value", "code"),
+    ("request_token", "cancel_value", "code"),
     [
         (TOKEN_A, TOKEN_A, ClaimCode.CANCELLED),
         (TOKEN_A, TOKEN_B, ClaimCode.CLAIMED),  # a cancel of another generation
@@ -251,12 +251,12 @@ async def test_busy_id_stays_pending(store: Store) -> None:
     ],
 )
 async def test_claim_reports_cancellation(
-    store: Store, gen_token: str, cancel_value: str, code: int
+    store: Store, request_token: str, cancel_value: str, code: int
 ) -> None:
     with trio.fail_after(10):
         ops = QueueOps(store, Q)
         now = int(await server_now(store))
-        raw = member("c:1", now + 60, gen_token)
+        raw = member("c:1", now + 60, request_token)
         await zadd(store, Q, [(now + 60, raw)])
         await store.command("SET", "request-cancel:c:1", cancel_value, "EX", 604800)
 

@@ -477,6 +477,12 @@ async def test_the_store_refuses_a_wrong_key_count(store: Store, name: str) -> N
         assert await store.command("KEYS", "*") == [b"canary"]
 
 
+def test_the_request_token_has_one_name() -> None:
+    """``internal.request_token`` is ``request_token`` in Python and in every script."""
+    for s in all_scripts().values():
+        assert "gen_token" not in s.source, s.name
+
+
 def test_a_script_checks_its_key_count() -> None:
     s = script("claim")
     s.check_key_count(["a", "b", "c", "d"])
