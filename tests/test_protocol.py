@@ -99,7 +99,7 @@ async def zadd(store: Store, key: str, pairs: Sequence[tuple[float, bytes]]) -> 
 
 async def claim_all(
     ops: QueueOps, raws: Sequence[bytes], ttl: float = 60.0
-) -> tuple[float, list[int], list[str]]:
+) -> tuple[float, list[ClaimCode], list[str]]:
     tokens = [new_token() for _ in raws]
     now, codes = await ops.claim([(env(r), t) for r, t in zip(raws, tokens, strict=True)], ttl)
     return now, codes, tokens
@@ -484,12 +484,12 @@ async def test_a_renew_tick_is_one_round_trip_of_bounded_calls(store: Store) -> 
         await store.command("HSET", K.owners, f"h-{n - 1}", TOKEN_B)  # stolen meanwhile
         counting = CountingStore(store)
 
-        server, codes = await QueueOps(counting, Q).renew(
+        server, renewed = await QueueOps(counting, Q).renew(
             [(f"h-{i}", t, now + 3600) for i, t in enumerate(tokens)], lease_ttl=100
         )
 
         assert counting.trips == [("run_many", 3)]
-        assert codes == [1] * (n - 1) + [-1]
+        assert renewed == [1] * (n - 1) + [-1]
         index = dict((await snapshot(store))[K.index])
         assert index[f"h-{n - 1}".encode()] == approx(claimed_at + 10, abs=1e-5)
         # Each chunk runs at its own server instant, never later than the reply's.

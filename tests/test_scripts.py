@@ -486,7 +486,7 @@ def test_the_request_token_has_one_name() -> None:
 def test_a_script_checks_its_key_count() -> None:
     s = script("claim")
     s.check_key_count(["a", "b", "c", "d"])
-    with pytest.raises(ValueError, match="^claim takes 4 keys, got 3$"):
+    with pytest.raises(ValueError, match=r"^claim takes 4 keys, got 3$"):
         s.check_key_count(["a", "b", "c"])
 
 

@@ -51,6 +51,7 @@ from claimkit.protocol.ops import (
     AckItem,
     ClaimCode,
     QueueOps,
+    ReleaseCode,
     move_retries,
     new_token,
     orphans_message,
@@ -490,7 +491,12 @@ class Consumer:
                 if code == 1:
                     self.summary.released += 1
             q.metrics.claim_depth.set(len(q.held))
-            log.info("sweep %s: released %d of %d claims", q.name, codes.count(1), len(codes))
+            log.info(
+                "sweep %s: released %d of %d claims",
+                q.name,
+                codes.count(ReleaseCode.RELEASED),
+                len(codes),
+            )
 
     # -- polling and claiming ------------------------------------------------------------------
 
