@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecord
 from claimkit.protocol.replies import ClaimCode as ClaimCode
-from claimkit.protocol.replies import InspectClaim, InspectReply, RequeueCode
+from claimkit.protocol.replies import InspectReply, RequeueCode
 from claimkit.protocol.replies import ParkCode as ParkCode
 from claimkit.protocol.replies import ReclaimCounts as ReclaimCounts
 from claimkit.protocol.replies import ReleaseCode as ReleaseCode
@@ -111,29 +111,6 @@ class _OrphanScan:
 
 def _int(value: Any) -> int:
     return int(value)
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _lenient_float(value: Any) -> float | None:
-    """A score read from a field someone else may have written: ``None`` when absent or
-    not a number."""
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _lenient_int(value: Any) -> int:
-    """A count read from a hash field: 0 when absent or not an integer."""
-    try:
-        return 0 if value is None else int(value)
-    except (TypeError, ValueError):
-        return 0
 
 
 class QueueOps:
@@ -444,33 +421,7 @@ class QueueOps:
             [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead],
             [limit, scan_max],
         )
-        raw_rows = reply[10:]
-        rows = tuple(
-            InspectClaim(
-                id=_text(rid),
-                lease_expiry=float(expiry),
-                owner=None if owner is None else _text(owner),
-                score=_lenient_float(score),
-                deliveries=_lenient_int(deliveries),
-                has_payload=bool(_int(has_payload)),
-            )
-            for rid, expiry, owner, score, deliveries, has_payload in (
-                raw_rows[i : i + 6] for i in range(0, len(raw_rows), 6)
-            )
-        )
-        return InspectReply(
-            server_now=float(reply[0]),
-            pending=_int(reply[1]),
-            oldest_pending_score=_lenient_float(reply[2]),
-            leases=_int(reply[3]),
-            expired=_int(reply[4]),
-            dead=_int(reply[5]),
-            redelivered=_int(reply[6]),
-            claims=_int(reply[7]),
-            orphans=_int(reply[8]),
-            claims_exact=bool(_int(reply[9])),
-            rows=rows,
-        )
+        return InspectReply.from_reply(reply)
 
     async def requeue_dead(
         self, members: Sequence[bytes], *, keep_marker: bool

@@ -8,7 +8,9 @@ replies of ``lua/reclaim-6.lua`` and ``lua/inspect-6.lua``.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "ClaimCode",
@@ -170,3 +172,57 @@ class InspectReply:
     orphans: int
     claims_exact: bool
     rows: tuple[InspectClaim, ...]
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[Any]) -> InspectReply:
+        """Parse the script's reply (its header gives the layout)."""
+        raw_rows = reply[10:]
+        rows = tuple(
+            InspectClaim(
+                id=_text(rid),
+                lease_expiry=float(expiry),
+                owner=None if owner is None else _text(owner),
+                score=_lenient_float(score),
+                deliveries=_lenient_int(deliveries),
+                has_payload=bool(int(has_payload)),
+            )
+            for rid, expiry, owner, score, deliveries, has_payload in (
+                raw_rows[i : i + 6] for i in range(0, len(raw_rows), 6)
+            )
+        )
+        return cls(
+            server_now=float(reply[0]),
+            pending=int(reply[1]),
+            oldest_pending_score=_lenient_float(reply[2]),
+            leases=int(reply[3]),
+            expired=int(reply[4]),
+            dead=int(reply[5]),
+            redelivered=int(reply[6]),
+            claims=int(reply[7]),
+            orphans=int(reply[8]),
+            claims_exact=bool(int(reply[9])),
+            rows=rows,
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _lenient_float(value: Any) -> float | None:
+    """A score read from a field someone else may have written: ``None`` when absent or
+    not a number."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _lenient_int(value: Any) -> int:
+    """A count read from a hash field: 0 when absent or not an integer."""
+    try:
+        return 0 if value is None else int(value)
+    except (TypeError, ValueError):
+        return 0
