@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
 import json
@@ -475,6 +476,25 @@ async def test_the_store_refuses_a_wrong_key_count(store: Store, name: str) -> N
                 await store.run(s, keys, ["1"])
         # Nothing reached Redis.
         assert await store.command("KEYS", "*") == [b"canary"]
+
+
+def test_only_the_protocol_layer_imports_the_script_registry() -> None:
+    """One door to the scripts: outside ``claimkit.store`` itself, only ``claimkit.protocol``
+    imports ``claimkit.store.scripts`` (the same rule as the import-linter contract)."""
+    package = Path(_scripts.__file__).resolve().parents[1]
+    importers = set()
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if "claimkit.store.scripts" in names:
+                importers.add(path.relative_to(package).parts[0])
+    assert importers <= {"protocol", "store"}
+    assert "protocol" in importers
 
 
 def test_the_request_token_has_one_name() -> None:
