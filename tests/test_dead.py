@@ -151,13 +151,12 @@ async def test_requeue_all_pages_past_one_chunk_around_stuck_members(store: Stor
 
 
 async def test_the_requeue_script_skips_members_no_longer_dead(store: Store) -> None:
-    from claimkit.ops.dead import _requeue
-
+    ops = QueueOps(store, Q)
     with trio.fail_after(10):
         raw = member("a", 1_900_000_000)
-        assert await _requeue(store, Q, [raw], keep_marker=False) == [0]
+        assert await ops.requeue_dead([raw], keep_marker=False) == [0]
         await store.command("ZADD", DEAD, 5, raw)
-        assert await _requeue(store, Q, [raw, raw], keep_marker=False) == [1, 0]
+        assert await ops.requeue_dead([raw, raw], keep_marker=False) == [1, 0]
         assert await zset(store, Q) == [(raw, 1_900_000_000.0)]
 
 

@@ -57,7 +57,7 @@ LEASE = 60.0
 # collide; the others are odd ids from SPEC §1's point of view (":", "{", unicode).
 IDS = ["a", "a:score", "{t}:b", "ü é"]
 GENS = ["", "7" * 32, "e" * 32]
-PAST = 1000  # a deadline long gone: lease = now + min(ttl, 30); a renew then lapses it
+PAST = 1000  # a deadline long gone: lease = now + min(ttl, 30), at claim and renew alike
 
 SETTINGS = settings(
     max_examples=40,
@@ -149,8 +149,9 @@ class Model:
             return 0
         if claim.token != token:
             return -1
-        # expiry = min(now + ttl, deadline + 30): a long-past deadline lapses at once.
-        claim.lapsed_at = PAST + 30.0 if deadline == PAST else None
+        # The lease rule (lua/_lease.lua): min(now + ttl, deadline + 30), never less than
+        # now + min(ttl, 30), so a renew leaves every claim live, a long-past deadline too.
+        claim.lapsed_at = None
         return 1
 
     def push(self, rid: str, gen: str, record: dict[str, Any]) -> bool:

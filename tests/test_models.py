@@ -15,15 +15,20 @@ from hypothesis import strategies as st
 
 from claimkit.producer import CANCEL_TTL_SECONDS, Producer, SubmitError
 from claimkit.protocol.models import (
+    DEADLINE_EXCEEDED_MESSAGE,
     DEADLINE_INVALID_MESSAGE,
     Envelope,
     ErrorCode,
     Invalid,
     TerminalRecord,
+    deadline_passed,
+    deadline_record,
     parse_member,
     retry_member,
+    retry_queue_name,
 )
 from claimkit.protocol.ops import ClaimCode, QueueOps, new_token
+from claimkit.protocol.routing import ResultRouting
 from claimkit.store import Arg, Store
 from claimkit.store.scripts import Script
 
@@ -541,3 +546,62 @@ async def test_submit_to_a_key_of_another_type_writes_nothing(store: Store) -> N
             await Producer(store, "not-a-queue").submit({"id": "a", "deadline": 1893456000})
         assert str(info.value) == "queue key 'not-a-queue' holds a string, not a sorted set"
         assert await store.command("KEYS", "*") == [b"not-a-queue"]
+
+
+# -- one deadline rule, one routing rule ---------------------------------------------------------
+
+
+def test_a_deadline_has_passed_at_and_after_it() -> None:
+    assert deadline_passed(100, 99.999) is False
+    assert deadline_passed(100, 100.0) is True
+    assert deadline_passed(100, 100.5) is True
+
+
+def test_the_deadline_record_is_the_last_response_else_deadline_exceeded() -> None:
+    raw = dumps({"request_kind": "plain", "data": {"id": "d", "deadline": 5}})
+    env = parse_member(raw)
+    assert isinstance(env, Envelope)
+    assert DEADLINE_EXCEEDED_MESSAGE == "deadline exceeded"
+    assert deadline_record(env).to_json() == (
+        b'{"id":"d","payload":"{\\"error\\":\\"deadline exceeded\\"}",'
+        b'"error_code":"DEADLINE_EXCEEDED","error_message":"deadline exceeded"}'
+    )
+    last = TerminalRecord.http("d", 503, "busy")
+    assert deadline_record(env, last) == last
+    carried = parse_member(retry_member(raw, Q, TerminalRecord.http("d", 429, "slow")))
+    assert isinstance(carried, Envelope)
+    assert deadline_record(carried) == TerminalRecord.http("d", 429, "slow")
+    assert deadline_record(carried, last) == last
+
+
+def test_retry_queue_name_reads_what_retry_member_writes() -> None:
+    raw = dumps({"request_kind": "plain", "data": {"id": "r", "deadline": 5}})
+    assert retry_queue_name(retry_member(raw, "{t}:q")) == "{t}:q"
+    assert retry_queue_name(raw) is None
+    assert retry_queue_name(b"not json") is None
+    assert retry_queue_name(b"[1]") is None
+    assert retry_queue_name(dumps({"internal": {"request_queue_name": 7}})) is None
+
+
+@pytest.mark.parametrize(
+    ("queue_list", "member_list", "to", "decides", "fallback"),
+    [
+        ("per-queue", "own", "per-queue", None, "per-queue"),
+        ("per-queue", None, "per-queue", None, "per-queue"),
+        (None, "own", "own", "own", "global"),
+        (None, "", "global", None, "global"),
+        (None, None, "global", None, "global"),
+        ("", "own", "own", "own", "global"),  # an empty queue list is no queue list
+    ],
+)
+def test_result_routing(
+    queue_list: str | None, member_list: str | None, to: str, decides: str | None, fallback: str
+) -> None:
+    routing = ResultRouting(queue_list, "global")
+    assert routing.list_for(member_list) == to
+    assert routing.member_list(member_list) == decides
+    assert routing.fallback == fallback
+    assert routing.lua_args() == (queue_list or "", "global")
+    ops = QueueOps(None, Q, result_list=queue_list, default_result_list="global")  # type: ignore[arg-type]
+    assert ops.result_list_for(member_list) == to
+    assert ops.fallback_result_list == fallback

@@ -37,6 +37,7 @@ from claimkit.protocol.ops import (
     AckItem,
     ClaimCode,
     QueueOps,
+    RenewCode,
     move_retries,
     new_token,
     token_time,
@@ -98,7 +99,7 @@ async def zadd(store: Store, key: str, pairs: Sequence[tuple[float, bytes]]) -> 
 
 async def claim_all(
     ops: QueueOps, raws: Sequence[bytes], ttl: float = 60.0
-) -> tuple[float, list[int], list[str]]:
+) -> tuple[float, list[ClaimCode], list[str]]:
     tokens = [new_token() for _ in raws]
     now, codes = await ops.claim([(env(r), t) for r, t in zip(raws, tokens, strict=True)], ttl)
     return now, codes, tokens
@@ -241,7 +242,7 @@ async def test_busy_id_stays_pending(store: Store) -> None:
 
 
 @pytest.mark.parametrize(
-    ("gen_token", "cancel_value", "code"),
+    ("request_token", "cancel_value", "code"),
     [
         (TOKEN_A, TOKEN_A, ClaimCode.CANCELLED),
         (TOKEN_A, TOKEN_B, ClaimCode.CLAIMED),  # a cancel of another generation
@@ -250,12 +251,12 @@ async def test_busy_id_stays_pending(store: Store) -> None:
     ],
 )
 async def test_claim_reports_cancellation(
-    store: Store, gen_token: str, cancel_value: str, code: int
+    store: Store, request_token: str, cancel_value: str, code: int
 ) -> None:
     with trio.fail_after(10):
         ops = QueueOps(store, Q)
         now = int(await server_now(store))
-        raw = member("c:1", now + 60, gen_token)
+        raw = member("c:1", now + 60, request_token)
         await zadd(store, Q, [(now + 60, raw)])
         await store.command("SET", "request-cancel:c:1", cancel_value, "EX", 604800)
 
@@ -483,12 +484,12 @@ async def test_a_renew_tick_is_one_round_trip_of_bounded_calls(store: Store) -> 
         await store.command("HSET", K.owners, f"h-{n - 1}", TOKEN_B)  # stolen meanwhile
         counting = CountingStore(store)
 
-        server, codes = await QueueOps(counting, Q).renew(
+        server, renewed = await QueueOps(counting, Q).renew(
             [(f"h-{i}", t, now + 3600) for i, t in enumerate(tokens)], lease_ttl=100
         )
 
         assert counting.trips == [("run_many", 3)]
-        assert codes == [1] * (n - 1) + [-1]
+        assert renewed == [1] * (n - 1) + [-1]
         index = dict((await snapshot(store))[K.index])
         assert index[f"h-{n - 1}".encode()] == approx(claimed_at + 10, abs=1e-5)
         # Each chunk runs at its own server instant, never later than the reply's.
@@ -506,6 +507,24 @@ async def test_renew_is_capped_at_deadline_plus_30(store: Store) -> None:
         _, codes = await ops.renew([("soon", token, now + 5)], 1000)
         assert codes == [1]
         assert (await snapshot(store))[K.index] == [(b"soon", now + 35)]
+
+
+async def test_renew_of_a_passed_deadline_gets_the_claim_floor(store: Store) -> None:
+    """One lease rule (lua/_lease.lua) for claim and renew: deadline + 30 is already past,
+    so the renewed lease is server_now + min(ttl, 30), as a claim taken now would get; it
+    no longer lapses at once while its DEADLINE_EXCEEDED ack is on its way."""
+    with trio.fail_after(10):
+        ops = QueueOps(store, Q)
+        now = int(await server_now(store))
+        raw = member("late", now - 100)
+        await zadd(store, Q, [(now - 100, raw)])
+        _, _, (token,) = await claim_all(ops, [raw], ttl=300)
+        snow, codes = await ops.renew([("late", token, now - 100)], 300)
+        assert codes == [RenewCode.RENEWED]
+        assert (await snapshot(store))[K.index] == [(b"late", pytest.approx(snow + 30, abs=1e-5))]
+        snow, codes = await ops.renew([("late", token, now - 100)], 5)
+        assert codes == [RenewCode.RENEWED]
+        assert (await snapshot(store))[K.index] == [(b"late", pytest.approx(snow + 5, abs=1e-5))]
 
 
 # -- §3.4 ack --------------------------------------------------------------------------------
@@ -811,6 +830,19 @@ async def test_move_retries_never_loses_a_member_routed_to_a_wrong_type_key(stor
         finally:
             state = await snapshot(store)
             assert bad in [m for m, _ in state.get(RETRY, []) + state.get(RETRY_DEAD, [])]
+
+
+async def test_move_retries_dead_letters_a_nan_deadline(store: Store) -> None:
+    """Redis's cjson reads ``nan`` as a number; a ZADD at NaN would fail after the ZREM and
+    lose the member. lua/_member.lua reads no NaN deadline, so it is dead-lettered."""
+    with trio.fail_after(10):
+        bad = b'{"request_kind":"plain","data":{"id":"n","deadline":nan},"internal":'
+        bad += b'{"request_queue_name":"' + Q.encode() + b'"}}'
+        await zadd(store, RETRY, [(1.0, bad)])
+        t0 = await server_now(store)
+        assert await move_retries(store, RETRY) == (0, 1)
+        t1 = await server_now(store)
+        assert await snapshot(store) == {RETRY_DEAD: [(bad, Between(t0, t1))]}
 
 
 # -- §3.6 release ----------------------------------------------------------------------------

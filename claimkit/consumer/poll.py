@@ -198,7 +198,7 @@ class Poller:
 
     async def _claim(
         self, q: QueueRuntime, candidates: list[Envelope], slots: list[object]
-    ) -> tuple[list[tuple[Claim, object]], list[int]]:
+    ) -> tuple[list[tuple[Claim, object]], list[ClaimCode]]:
         """Claim ``candidates`` in one call; each claim granted takes a slot from ``slots``.
         Returns the claims with their slots, and the claim codes."""
         stamp = self._clock.now()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from claimkit.config import Config
 from claimkit.config.gate_params import budget_key
 from claimkit.protocol import keys as _keys
-from claimkit.store.scripts import script
+from claimkit.protocol.ops import script_source
 
 __all__ = ["ROLES", "AclRule", "acl_rule"]
 
@@ -94,7 +94,7 @@ def _glob(name: str) -> str:
 
 
 def _lua_commands(names: Iterable[str]) -> set[str]:
-    return {m.upper() for name in names for m in _LUA_CALL.findall(script(name).source)}
+    return {m.upper() for name in names for m in _LUA_CALL.findall(script_source(name))}
 
 
 def _queue_keys(queue: str, *, pending_only: bool = False) -> list[str]:
