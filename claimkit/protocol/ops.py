@@ -516,7 +516,8 @@ class QueueProtocol(Protocol):
     one; a test may pass a fake through ``Consumer(ops_factory=...)``). Every Redis call the
     consumer makes goes through one of these, save a ``redis`` gate's own budget read.
 
-    Attributes and methods, as on :class:`QueueOps`: ``queue``, ``result_list``,
+    Attributes and methods, as on :class:`QueueOps`: ``queue``, ``routing`` (the queue's
+    :class:`~claimkit.protocol.routing.ResultRouting`), ``result_list``,
     ``result_list_for``, ``peek``, ``dead_letter``, ``claim``, ``renew``, ``ack``,
     ``park``, ``release``, ``reclaim``, ``move_retries``, ``backlog``,
     ``first_wrong_type``. Times are Unix seconds on the Redis server clock; each call
@@ -526,6 +527,9 @@ class QueueProtocol(Protocol):
 
     @property
     def queue(self) -> str: ...
+
+    @property
+    def routing(self) -> ResultRouting: ...
 
     @property
     def result_list(self) -> str | None: ...

@@ -22,7 +22,7 @@ from claimkit.store.interface import (
     StoreUnavailable,
 )
 from claimkit.store.redact import redact_url
-from claimkit.store.script_calls import check_keys, run_pipelined
+from claimkit.store.script_calls import run_pipelined
 from claimkit.store.tls import tls_file_error, tls_problem
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ class CoredisStore:
         return StoreError(f"{message} (the transaction was refused; nothing was written)")
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        check_keys(script, keys)
+        script.check_key_count(keys)
         call = ("EVALSHA", script.sha1, len(keys), *keys, *args)
         try:
             with _translated(self.url):
@@ -214,7 +214,7 @@ class CoredisStore:
 
     async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
         for keys, _ in calls:
-            check_keys(script, keys)
+            script.check_key_count(keys)
         try:
             with _translated(self.url):
                 return await run_pipelined(script, calls, self._pipelined, cx.NoScriptError)

@@ -11,7 +11,7 @@ from claimkit.store.interface import Arg, ScriptCall
 if TYPE_CHECKING:
     from claimkit.store.scripts import Script
 
-__all__ = ["check_keys", "run_pipelined"]
+__all__ = ["run_pipelined"]
 
 
 async def run_pipelined(
@@ -39,9 +39,3 @@ async def run_pipelined(
         if isinstance(reply, Exception):
             raise reply
     return replies
-
-
-def check_keys(script: Script, keys: Sequence[str]) -> None:
-    """Raise ``ValueError`` (one line) unless ``len(keys)`` is ``script.numkeys``."""
-    if len(keys) != script.numkeys:
-        raise ValueError(f"{script.name} takes {script.numkeys} keys, got {len(keys)}")
