@@ -70,6 +70,7 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
+    """ruff's rules (pyproject.toml [tool.ruff]) and ruff format, over the code, tests, bench."""
     session.install("ruff==0.17.6")  # pinned: a new rule must not fail CI unannounced
     session.run("ruff", "check", "claimkit", "tests", "bench", "noxfile.py")
     session.run("ruff", "format", "--check", "claimkit", "tests", "bench", "noxfile.py")
@@ -77,8 +78,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    session.install(".[test]", "mypy==2.4.1")
-    session.run("mypy", "claimkit")
+    """mypy --strict over claimkit/, tests/ and this file (pyproject.toml [tool.mypy]);
+    nox itself is installed for the types of this file."""
+    session.install(".[test]", "mypy==2.4.1", "nox")
+    session.run("mypy")
 
 
 @nox.session(python=PYTHON)

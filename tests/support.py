@@ -1,20 +1,37 @@
-"""Test support: read a private Redis's whole state in a comparable shape.
+"""Test support shared by the test files: one copy of each builder and helper.
 
-Shared by the protocol, exit-path and model tests (``pythonpath = ["tests"]`` in the pytest
-config makes it importable as ``redis_state``). Replies may be RESP2 or RESP3 shaped.
+``pythonpath = ["tests"]`` in the pytest config makes it importable as ``support``.
+
+- Redis state in a comparable shape: :func:`snapshot`, :func:`pairs`, :class:`Ttl`,
+  :class:`Between`, :func:`server_now`, :func:`command_calls`. Replies may be RESP2 or RESP3
+  shaped.
+- Synchronous access for CLI tests: :func:`redis`, :func:`do`.
+- Builders: :func:`member` (a queue member's bytes), :func:`deadline`, :func:`config_doc`,
+  :func:`config_json`, :func:`make_config` (a transport config).
+- :class:`StoreWrapper`: a :class:`Store` delegating to a real one, for fakes that record or
+  meddle with a few calls.
+- Waiting: :func:`wait_for` (async, on Redis state), :func:`wait_until` (sync, with a
+  timeout), :func:`wait_port`; ports: :func:`free_port`, :func:`closed_port`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from claimkit.store.api import Arg, Store, open_store
+from claimkit.config import load_config
+from claimkit.store.api import open_store
+
+if TYPE_CHECKING:
+    from claimkit.config import Config
+    from claimkit.store.api import Arg, ScriptCall, Store
+    from claimkit.store.scripts import Script
 
 T = TypeVar("T")
 
@@ -138,3 +155,98 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
                 return
         time.sleep(0.02)
     raise TimeoutError(f"nothing listens on {port}")
+
+
+def closed_port() -> int:
+    """A port nothing listens on: bound a moment ago, then released (never 6379)."""
+    while True:
+        port = free_port()
+        if port != 6379:
+            return port
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Poll ``check`` every 50 ms until it holds; AssertionError naming ``what`` after
+    ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll Redis state every 20 ms until ``predicate`` holds (the test's ``fail_after``
+    bounds it; ``what`` names the wait for the reader)."""
+    while not await predicate():
+        await trio.sleep(0.02)
+    del what
+
+
+# -- builders ---------------------------------------------------------------------------------
+
+
+def member(rid: str, deadline: int, **internal: Any) -> bytes:
+    """A plain queue member, compact JSON: ``{"internal": internal, "request_kind": "plain",
+    "data": {"id": rid, "deadline": deadline}}``."""
+    doc = {"internal": internal, "request_kind": "plain", "data": {"id": rid, "deadline": deadline}}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def deadline(seconds: int = 600) -> int:
+    """A request deadline ``seconds`` from now (local clock), Unix seconds."""
+    return int(time.time()) + seconds
+
+
+NOWHERE = "http://127.0.0.1:9"
+"""A gateway URL for configs whose gateway is never called (port 9: discard)."""
+
+
+def config_doc(
+    url: str | None = None, *, queue: str = "requests", gateway: str = NOWHERE, **fields: Any
+) -> dict[str, Any]:
+    """A transport config document: ``url`` (left out when ``None``), one queue ``queue``
+    served by ``gateway``, then ``fields`` (which replace any of these, ``queues`` too)."""
+    doc: dict[str, Any] = {} if url is None else {"url": url}
+    doc["queues"] = [{"queue_name": queue, "igw_base_url": gateway}]
+    doc.update(fields)
+    return doc
+
+
+def config_json(url: str | None = None, **kwargs: Any) -> str:
+    """:func:`config_doc` as JSON text (a ``--transport-config`` argument)."""
+    return json.dumps(config_doc(url, **kwargs))
+
+
+def make_config(url: str | None = None, **kwargs: Any) -> Config:
+    """:func:`config_doc` loaded by :func:`claimkit.config.load_config`."""
+    return load_config(inline=config_json(url, **kwargs))
+
+
+# -- fakes --------------------------------------------------------------------------------------
+
+
+class StoreWrapper:
+    """A :class:`Store` that delegates every call to ``inner``; subclasses override the calls
+    they record or meddle with."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    async def command(self, *args: Arg) -> Any:
+        return await self.inner.command(*args)
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
+        return await self.inner.pipeline(commands, transaction=transaction)
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        return await self.inner.run(script, keys, args)
+
+    async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        return await self.inner.run_many(script, calls)
+
+
+def server_now_sync(url: str) -> float:
+    """:func:`server_now` from synchronous test code, on a store opened on ``url``."""
+    return redis(url, server_now)

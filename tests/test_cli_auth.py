@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from redis_state import do
+from support import do
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app

@@ -13,11 +13,10 @@ tests/test_serve_process.py; ``demo``'s in tests/test_demo.py.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Sequence
 
 import pytest
-from redis_state import do
+from support import closed_port, do
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -27,12 +26,6 @@ Q = "jobs"
 LIVE = (
     b'{"internal":{"request_token":"t1"},"request_kind":"plain","data":{"id":"%s","deadline":%d}}'
 )
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def seed(url: str) -> None:

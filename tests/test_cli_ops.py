@@ -11,14 +11,13 @@ import gc
 import io
 import json
 import re
-import socket
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import pytest
 import trio
-from redis_state import do, redis
 from rich.console import Console
+from support import closed_port, do, member, redis, server_now_sync
 from typer.testing import CliRunner, Result
 
 from claimkit.cli.app import app
@@ -65,16 +64,6 @@ def one_line_error(result: Result, text: str | None = None, code: int = 1) -> st
     return lines[0]
 
 
-def member(rid: str, deadline: int, **internal: Any) -> bytes:
-    doc = {"internal": internal, "request_kind": "plain", "data": {"id": rid, "deadline": deadline}}
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def server_now(url: str) -> float:
-    sec, usec = do(url, ("TIME",))[0]
-    return int(sec) + int(usec) / 1_000_000
-
-
 def claim_commands(
     queue: str, rid: str, *, token: str, expiry: float, score: int
 ) -> list[Sequence[Arg]]:
@@ -89,7 +78,7 @@ def claim_commands(
 def seed(url: str) -> float:
     """Pending 3, claims 2 + a ghost (2 expired), dead 1, retry 2 (1 for jobs), results 2
     in result-list and 1 in custom-results. Returns the base server time."""
-    now = server_now(url)
+    now = server_now_sync(url)
     base = int(now)
     do(
         url,
@@ -105,16 +94,6 @@ def seed(url: str) -> float:
         ("LPUSH", "custom-results", b'{"id":"y1"}'),
     )
     return now
-
-
-def closed_port() -> int:
-    """A port nothing listens on: bound a moment ago, then released (never 6379)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port != 6379:
-            return port
 
 
 # coredis 6.9 leaves a failed connection's anyio memory streams unclosed; they warn when
@@ -530,7 +509,7 @@ def test_reclaim_requires_once_and_configured_queues(redis_url: str) -> None:
 
 
 def reclaim_scenario(url: str) -> tuple[str, int]:
-    now = server_now(url)
+    now = server_now_sync(url)
     base = int(now)
     do(
         url,
@@ -661,7 +640,7 @@ def test_dead_list_gives_the_cause_each_dead_letter_got_its_record_for(redis_url
     member it cannot serve, and ``reclaim --once`` at max_deliveries. ``dead list`` names
     each cause, and its reason is the error_message of the record the request got."""
     transport = config(redis_url, max_deliveries=2)
-    now = server_now(redis_url)
+    now = server_now_sync(redis_url)
     do(
         redis_url,
         *claim_commands(Q, "tired", token=TOKEN_A, expiry=now - 1, score=int(now) + 600),
@@ -693,7 +672,7 @@ def test_dead_list_gives_the_cause_each_dead_letter_got_its_record_for(redis_url
 
 
 def test_dead_list_fits_80_columns(redis_url: str) -> None:
-    base = int(server_now(redis_url))
+    base = int(server_now_sync(redis_url))
     do(
         redis_url,
         ("ZADD", f"{Q}:dead", base - 90, member("a-rather-long-request-id-0001", base + 7200)),
@@ -715,7 +694,7 @@ def test_dead_list_fits_80_columns(redis_url: str) -> None:
 
 
 def test_the_claim_table_fits_80_columns(redis_url: str) -> None:
-    now = server_now(redis_url)
+    now = server_now_sync(redis_url)
     rid = "req-2f9c1e7a-4b1d-4c3e-9f00-000000000001"
     do(redis_url, *claim_commands(Q, rid, token=TOKEN_A, expiry=now - 5, score=int(now) + 600))
     result = runner.invoke(app, ["inspect", "-q", Q], env={"REDIS_URL": redis_url, "COLUMNS": "80"})
@@ -730,7 +709,7 @@ def test_the_claim_table_fits_80_columns(redis_url: str) -> None:
 def test_tables_show_brackets_in_names_as_written(redis_url: str) -> None:
     """Ids and queue names are data, not rich markup: "[bold]" is shown, not swallowed."""
     queue = "q[red]"
-    now = server_now(redis_url)
+    now = server_now_sync(redis_url)
     do(
         redis_url,
         *claim_commands(queue, "a[bold]b", token=TOKEN_A, expiry=now + 60, score=int(now) + 60),
@@ -783,7 +762,7 @@ def test_dead_requeue_needs_ids_or_all(redis_url: str) -> None:
 
 
 def test_dead_purge(redis_url: str) -> None:
-    now = int(server_now(redis_url))
+    now = int(server_now_sync(redis_url))
     a, b, c = (member(x, 1_900_000_000) for x in "abc")
     do(redis_url, ("ZADD", f"{Q}:dead", now - 1000, a, now - 500, b, now, c))
     message = "say what to purge: ids, --all or --older-than SECONDS (exactly one)"
@@ -897,7 +876,7 @@ def test_results_errors(redis_url: str) -> None:
 
 
 def test_cancel_sets_the_marker_of_a_live_request(redis_url: str) -> None:
-    deadline = int(server_now(redis_url)) + 3600
+    deadline = int(server_now_sync(redis_url)) + 3600
 
     async def submit(store: Store) -> str:
         return await Producer(store, Q).submit({"id": "r1", "deadline": deadline})

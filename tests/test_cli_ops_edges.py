@@ -20,14 +20,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import trio
-from redis_state import do
+from support import StoreWrapper, do, wait_until
 from typer.testing import CliRunner, Result
 
 from claimkit.cli.app import app
@@ -249,14 +248,13 @@ def test_purge_reports_named_ids_it_did_not_find(redis_url: str) -> None:
 # -- 5. results --follow: a Redis restart, a lost reply --------------------------------------
 
 
-class LosesReplies:
+class LosesReplies(StoreWrapper):
     """A store whose first ``lose`` ``BLMOVE`` replies are lost after Redis ran the command
     (the connection dies on the way back), as a Redis restart can do."""
 
     def __init__(self, inner: Store, lose: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.lose = lose
-        self.url = inner.url
 
     async def command(self, *args: Arg) -> Any:
         reply = await self.inner.command(*args)
@@ -273,7 +271,7 @@ async def test_follow_never_loses_a_record_whose_reply_was_lost(store: Store) ->
     notes: list[str] = []
     with trio.fail_after(10):
         seen = await follow_results(
-            LosesReplies(store, lose=2),  # type: ignore[arg-type]
+            LosesReplies(store, lose=2),
             "res",
             emit=emitted.append,
             notify=notes.append,
@@ -287,11 +285,9 @@ async def test_follow_never_loses_a_record_whose_reply_was_lost(store: Store) ->
 
 
 async def test_cancelled_follow_puts_an_unprinted_record_back(store: Store) -> None:
-    class HangsAfterMove:
-        url = store.url
-
+    class HangsAfterMove(StoreWrapper):
         async def command(self, *args: Arg) -> Any:
-            reply = await store.command(*args)
+            reply = await self.inner.command(*args)
             if args[0] == "BLMOVE" and reply is not None:
                 moved.set()
                 await trio.sleep_forever()  # Ctrl-C while the reply is on its way
@@ -305,7 +301,7 @@ async def test_cancelled_follow_puts_an_unprinted_record_back(store: Store) -> N
 
             async def follow() -> None:
                 await follow_results(
-                    HangsAfterMove(),  # type: ignore[arg-type]
+                    HangsAfterMove(store),
                     "res",
                     emit=emitted.append,
                     notify=lambda _line: None,
@@ -319,14 +315,6 @@ async def test_cancelled_follow_puts_an_unprinted_record_back(store: Store) -> N
     assert emitted == []
     assert await store.command("LRANGE", "res", 0, -1) == [b"new", b"old"]  # old: oldest end
     assert await store.command("EXISTS", "res:following:test") == 0
-
-
-def _wait(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -353,12 +341,12 @@ def test_follow_rides_out_a_redis_restart(
             return out_path.read_text().splitlines()
 
         do(url, ("LPUSH", "res", b'{"id":"before"}'))
-        _wait("the first record", lambda: lines() == ['{"id":"before"}'])
+        wait_until("the first record", lambda: lines() == ['{"id":"before"}'])
         server.kill()
-        _wait("the outage line", lambda: "is unavailable" in err_path.read_text())
+        wait_until("the outage line", lambda: "is unavailable" in err_path.read_text())
         server.restart()
         do(url, ("LPUSH", "res", b'{"id":"after1"}', b'{"id":"after2"}'))
-        _wait("the records after the restart", lambda: len(lines()) == 3)
+        wait_until("the records after the restart", lambda: len(lines()) == 3)
         assert lines() == ['{"id":"before"}', '{"id":"after1"}', '{"id":"after2"}']
         assert "is back" in err_path.read_text()
         proc.send_signal(signal.SIGINT)
@@ -367,9 +355,9 @@ def test_follow_rides_out_a_redis_restart(
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-    err = err_path.read_text()
-    assert "Traceback" not in err
-    assert err.count("is unavailable") == 1, err
+    err_text = err_path.read_text()
+    assert "Traceback" not in err_text
+    assert err_text.count("is unavailable") == 1, err_text
     assert do(url, ("KEYS", "res*"))[0] == []  # nothing left behind, no holding list
 
 

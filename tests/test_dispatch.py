@@ -6,7 +6,6 @@ import email.utils
 import json
 import math
 import random
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ import pytest
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
-from redis_state import server_now
+from support import closed_port, server_now
 
 from claimkit.config import Config, load_config
 from claimkit.consumer.consumer import Consumer
@@ -212,13 +211,6 @@ async def broken_body_url(nursery: trio.Nursery) -> str:
 async def client() -> AsyncIterator[HttpClient]:
     async with open_http_client(8) as c:
         yield c
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 # -- terminal HTTP outcomes ----------------------------------------------------------------
@@ -1033,7 +1025,8 @@ async def test_gateway_that_reads_the_request_and_drops_it_sees_it_once(
 
 
 async def _has_records(store: Store, count: int) -> bool:
-    return await store.command("LLEN", "result-list") >= count
+    length: int = await store.command("LLEN", "result-list")
+    return length >= count
 
 
 def _no_response_count(consumer: Consumer) -> float | None:

@@ -14,7 +14,7 @@ import logging
 import pytest
 import trio
 from conftest import RedisFactory
-from redis_state import mask_noperm
+from support import mask_noperm
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-import redis_state
+import support
 import trio
-from redis_state import Between, server_now
+from support import Between, server_now
 
 from claimkit.config import QueueConfig
 from claimkit.consumer.gates import GateError, make_gate
@@ -45,10 +45,10 @@ approx = pytest.approx
 
 
 async def snapshot(store: Store, *, with_active: bool = False) -> dict[str, Any]:
-    """The whole keyspace (``redis_state.snapshot``). The producer's ``request-active:<id>``
+    """The whole keyspace (``support.snapshot``). The producer's ``request-active:<id>``
     keys are left out (no exit path touches them) unless asked for, and then only their
     values are compared (their TTL ticks on)."""
-    out = await redis_state.snapshot(store, skip_prefix="request-active:")
+    out = await support.snapshot(store, skip_prefix="request-active:")
     if with_active:
         for key in await store.command("KEYS", "request-active:*"):
             out[key.decode()] = await store.command("GET", key)

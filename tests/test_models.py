@@ -12,6 +12,7 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import StoreWrapper, server_now
 
 from claimkit.producer import CANCEL_TTL_SECONDS, Producer, SubmitError
 from claimkit.protocol.models import (
@@ -25,7 +26,6 @@ from claimkit.protocol.models import (
 )
 from claimkit.protocol.ops import ClaimCode, QueueOps, new_token
 from claimkit.store.api import Arg, Store
-from claimkit.store.scripts import Script
 
 Q = "requests"
 TOKEN = "0123456789abcdef" * 2
@@ -337,29 +337,18 @@ def test_record_from_json() -> None:
 # -- Producer (SPEC §2.2) ------------------------------------------------------------------------
 
 
-class RecordingStore:
+class RecordingStore(StoreWrapper):
     """Records MULTI/EXEC pipelines and delegates to a real store."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
+        super().__init__(inner)
         self.pipelines: list[tuple[list[list[Arg]], bool]] = []
-
-    async def command(self, *args: Arg) -> Any:
-        return await self.inner.command(*args)
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
         # Only writes are recorded: the producer's read-only check (TIME, TYPE) is not one.
         if transaction:
             self.pipelines.append(([list(c) for c in commands], transaction))
         return await self.inner.pipeline(commands, transaction=transaction)
-
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        return await self.inner.run(script, keys, args)
-
-
-async def server_now(store: Store) -> float:
-    sec, usec = await store.command("TIME")
-    return int(sec) + int(usec) / 1_000_000
 
 
 def zset(reply: Any) -> list[tuple[bytes, float]]:

@@ -7,11 +7,9 @@ claimkit's own writers.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 import trio
+from support import member, server_now
 
 from claimkit.ops import inspect as _inspect
 from claimkit.ops.inspect import (
@@ -48,16 +46,6 @@ READ_ONLY_COMMANDS = {
     "info",
     "config|resetstat",
 }
-
-
-def member(rid: str, deadline: int, **internal: Any) -> bytes:
-    doc = {"internal": internal, "request_kind": "plain", "data": {"id": rid, "deadline": deadline}}
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-async def server_now(store: Store) -> float:
-    sec, usec = await store.command("TIME")
-    return int(sec) + int(usec) / 1_000_000
 
 
 async def seed_claim(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import trio
-from redis_state import do
+from support import do
 from typer.testing import CliRunner
 
 from claimkit import Producer

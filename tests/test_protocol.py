@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import trio
-from redis_state import Between, server_now, snapshot
+from support import Between, StoreWrapper, server_now, snapshot
 
 from claimkit.protocol.keys import QueueKeys
 from claimkit.protocol.models import (
@@ -443,11 +443,11 @@ async def test_renew_wrong_token_or_gone_changes_nothing(store: Store) -> None:
         assert await snapshot(store) == before  # no index entry created for "nobody"
 
 
-class CountingStore:
+class CountingStore(StoreWrapper):
     """Delegates to a real store; records each round trip and each script call."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
+        super().__init__(inner)
         self.trips: list[tuple[str, int]] = []  # (method, commands or script calls sent)
         self.runs: list[str] = []  # script names, one per script call
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trio
 from held_gateway import held_gateway
-from redis_state import command_calls, do, pairs, server_now, snapshot
+from support import command_calls, do, member, pairs, redis, server_now, server_now_sync, snapshot
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -35,13 +35,6 @@ K = QueueKeys.for_queue(Q)
 DEAD_TOKEN = "d0" * 16  # the owner: a consumer that died long ago
 LIVE_TOKEN = "a1" * 16  # the owner: a consumer that may be alive
 CLAIMKIT = Path(sys.executable).with_name("claimkit")
-
-
-def member(rid: str, deadline: int) -> bytes:
-    return json.dumps(
-        {"data": {"id": rid, "deadline": deadline}, "request_kind": "plain", "internal": {}},
-        separators=(",", ":"),
-    ).encode()
 
 
 def env(raw: bytes) -> Envelope:
@@ -105,7 +98,7 @@ def test_reclaim_once_gives_a_live_owners_claim_its_lease_back(redis_url: str) -
         "claimkit reclaim: queues=1 redelivered=0 dead_lettered=0 ghosts=0 leases_restored=1\n"
     )
     assert result.stderr == ONE_ORPHAN_WARNING
-    state = _run(redis_url, snapshot)
+    state = redis(redis_url, snapshot)
     (a_lease,) = [score for rid, score in state[K.index] if rid == b"a"]
     assert before + 120 <= a_lease <= after + 120
     assert state == {
@@ -147,7 +140,7 @@ def test_reclaim_once_does_not_run_a_live_consumers_request_twice(
             {"id": "live", "deadline": deadline, "payload": {"id": "live", "prompt": "x"}}
         )
 
-    _run(redis_url, submit)
+    redis(redis_url, submit)
     with held_gateway() as gateway:
         serve_doc = {
             "url": redis_url,
@@ -238,7 +231,7 @@ def test_a_dead_owners_orphan_comes_back_one_lease_later(redis_url: str) -> None
         "claimkit reclaim: queues=1 redelivered=1 dead_lettered=0 ghosts=0 leases_restored=0\n"
     )
     assert second.stderr == ""
-    assert _run(redis_url, snapshot) == {
+    assert redis(redis_url, snapshot) == {
         K.pending: [(a, float(now + 600))],
         K.deliveries: {b"a": b"3"},
     }
@@ -449,16 +442,6 @@ async def _zrange(store: Store, key: str) -> list[tuple[bytes, float]]:
     return [
         (m, float(s)) for m, s in pairs(await store.command("ZRANGE", key, 0, -1, "WITHSCORES"))
     ]
-
-
-def _run(url: str, fn: Any) -> Any:
-    from redis_state import redis
-
-    return redis(url, fn)
-
-
-def server_now_sync(url: str) -> float:
-    return float(_run(url, server_now))
 
 
 async def test_drain_releases_an_orphan_without_counting_a_delivery(store: Store) -> None:

@@ -12,7 +12,7 @@ or succeeds without touching a key of a foreign type that it does not own.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,7 +278,7 @@ async def dump(store: Store) -> dict[bytes, tuple[bytes, bytes]]:
 
 
 async def run_case(
-    store: Store, case: Case, *, argv: list[Arg] | None = None, extra: list[list[Arg]] = ()
+    store: Store, case: Case, *, argv: list[Arg] | None = None, extra: Sequence[Sequence[Arg]] = ()
 ) -> tuple[bool, dict[bytes, tuple[bytes, bytes]], dict[bytes, tuple[bytes, bytes]]]:
     """Seed, run; ``(succeeded, before, after)``."""
     await store.command("FLUSHDB")

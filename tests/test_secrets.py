@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from redis_state import do
+from support import do
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app

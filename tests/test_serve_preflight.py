@@ -15,13 +15,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from redis_state import command_calls
+from support import command_calls, deadline
 
 from claimkit.config import ConfigError, load_config
 from claimkit.consumer.consumer import Consumer, QueueRuntime, key_roles
@@ -62,10 +61,6 @@ def with_result_list(**overrides: Any) -> dict[str, Any]:
         ],
         **overrides,
     }
-
-
-def deadline() -> int:
-    return int(time.time()) + 600
 
 
 def run_serve(redis_url: str, doc: dict[str, Any]) -> subprocess.CompletedProcess[bytes]:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import trio
 from held_gateway import held_gateway
-from redis_state import free_port, wait_port
+from support import deadline, free_port, wait_port
 
 from claimkit.consumer.serve import _EarlySignals
 from claimkit.dev.redis_server import RedisServer
@@ -102,10 +102,6 @@ async def wait_for(store: Store, command: tuple[Any, ...], predicate: Any) -> An
         if predicate(value):
             return value
         await trio.sleep(0.05)
-
-
-def deadline() -> int:
-    return int(time.time()) + 600
 
 
 async def test_sigkilled_consumer_work_is_redelivered_once(redis_url: str, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from support import free_port
 
 from claimkit.dev.sim import SimApp, SimConfig, parse_latency, serve_sim
 
@@ -31,13 +32,6 @@ async def start(nursery: trio.Nursery, config: SimConfig) -> tuple[str, SimApp]:
     with trio.fail_after(TIMEOUT):
         url: str = await nursery.start(partial(serve_sim, config, app=app))
     return url, app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 async def test_completion_echoes_id_and_model(

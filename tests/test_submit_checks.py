@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
-from redis_state import do, redis
+from support import do, redis
 from typer.testing import CliRunner, Result
 
 from claimkit.cli.app import app
