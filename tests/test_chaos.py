@@ -30,8 +30,9 @@ from typing import Any
 
 import pytest
 import trio
+from support import make_config
 
-from claimkit.config import load_config
+from claimkit.config import Config
 from claimkit.consumer.consumer import Consumer, QueueRuntime
 from claimkit.consumer.dispatch import Done, Outcome
 from claimkit.producer import Producer
@@ -43,17 +44,14 @@ CHAOS = Path(__file__).resolve().parent.parent / "bench" / "chaos.py"
 Q = "requests"
 
 
-def config(redis_url: str, **overrides: Any) -> Any:
-    doc: dict[str, Any] = {
-        "url": redis_url,
+def config(redis_url: str, **overrides: Any) -> Config:
+    fields = {
         "poll_interval_ms": 20,
         "metrics_port": 0,
         "health_port": 0,
         "drain_timeout_seconds": 1,
-        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
     }
-    doc.update(overrides)
-    return load_config(inline=json.dumps(doc))
+    return make_config(redis_url, queue=Q, **fields | overrides)
 
 
 @pytest.mark.slow

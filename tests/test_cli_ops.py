@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 import trio
 from rich.console import Console
-from support import closed_port, do, member, redis, server_now_sync
+from support import closed_port, config_json, do, member, redis, server_now_sync
 from typer.testing import CliRunner, Result
 
 from claimkit.cli.app import app
@@ -34,15 +34,6 @@ Q = "jobs"
 TOKEN_A = "a" * 32
 TOKEN_B = "b" * 32
 runner = CliRunner()
-
-
-def config(url: str, **extra: Any) -> str:
-    doc: dict[str, Any] = {
-        "url": url,
-        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
-    }
-    doc.update(extra)
-    return json.dumps(doc)
 
 
 def invoke(args: Sequence[str], url: str | None = None) -> Result:
@@ -138,7 +129,7 @@ def test_the_dead_group_lists_its_commands() -> None:
 def test_inspect_json_matches_the_redis_state_exactly(redis_url: str) -> None:
     now = seed(redis_url)
     base = int(now)
-    transport = config(
+    transport = config_json(
         redis_url,
         queues=[
             {"queue_name": Q, "igw_base_url": "http://h:1", "result_queue_name": "custom-results"}
@@ -375,7 +366,7 @@ ALL_COMMANDS = [*QUEUE_COMMANDS, ["reclaim", "--once"], ["results"], ["cancel", 
 
 @pytest.mark.parametrize("command", QUEUE_COMMANDS, ids=" ".join)
 def test_an_unknown_queue_is_one_line(redis_url: str, command: list[str]) -> None:
-    args = [*command, "--transport-config", config(redis_url)]
+    args = [*command, "--transport-config", config_json(redis_url, queue=Q)]
     args[args.index(Q)] = "nope"
     one_line_error(invoke(args), "unknown queue 'nope' (configured: jobs)")
 
@@ -409,7 +400,7 @@ def test_a_queue_named_like_the_result_list_is_checked_as_a_queue(
 def test_unreachable_redis_is_one_line_without_the_password(command: list[str]) -> None:
     url = f"redis://admin:s3cret@127.0.0.1:{closed_port()}/0"
     # In the environment: a password on the command line adds a warning line (test_secrets).
-    no_url = json.dumps({"queues": json.loads(config(url))["queues"]})
+    no_url = config_json(queue=Q)
     line = one_line_error(invoke([*command, "--transport-config", no_url], url))
     assert line.startswith("claimkit: Redis at redis://admin:***@127.0.0.1:")
     assert "is unavailable" in line
@@ -520,7 +511,7 @@ def reclaim_scenario(url: str) -> tuple[str, int]:
         ("ZADD", "other:claims-idx", 1, "ghost"),
         ("HSET", f"{Q}:deliveries", "poison", 2),
     )
-    transport = config(
+    transport = config_json(
         url,
         max_deliveries=3,
         queues=[
@@ -588,7 +579,7 @@ def test_reclaim_once_json(redis_url: str) -> None:
 
 def test_reclaim_once_reports_a_wrong_key_type(redis_url: str) -> None:
     do(redis_url, ("SET", "other:claims-idx", "x"))
-    transport = config(
+    transport = config_json(
         redis_url,
         queues=[
             {"queue_name": Q, "igw_base_url": "http://h:1"},
@@ -639,7 +630,7 @@ def test_dead_list_gives_the_cause_each_dead_letter_got_its_record_for(redis_url
     """Both ways into <q>:dead, taken for real: the consumer's dead-letter script for a
     member it cannot serve, and ``reclaim --once`` at max_deliveries. ``dead list`` names
     each cause, and its reason is the error_message of the record the request got."""
-    transport = config(redis_url, max_deliveries=2)
+    transport = config_json(redis_url, queue=Q, max_deliveries=2)
     now = server_now_sync(redis_url)
     do(
         redis_url,
@@ -856,7 +847,7 @@ def test_results_follow_pops_only_when_asked(redis_url: str) -> None:
 
 def test_results_list_defaults_to_the_configured_result_queue(redis_url: str) -> None:
     push_records(redis_url, "configured")
-    transport = config(redis_url, result_queue_name="configured")
+    transport = config_json(redis_url, queue=Q, result_queue_name="configured")
     result = invoke(["results", "--peek", "--count", "1", "--transport-config", transport])
     assert result.stdout == 'r1  200  {"text":"hi"}\n'
 

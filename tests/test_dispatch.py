@@ -17,9 +17,9 @@ import pytest
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
-from support import closed_port, server_now
+from support import closed_port, make_config, server_now
 
-from claimkit.config import Config, load_config
+from claimkit.config import Config
 from claimkit.consumer.consumer import Consumer
 from claimkit.consumer.dispatch import (
     DEADLINE_MARGIN,
@@ -860,16 +860,15 @@ async def start_gateway(nursery: trio.Nursery, act: Any) -> ScriptedGateway:
 
 
 def consumer_config(redis_url: str, gateway: str) -> Config:
-    doc = {
-        "url": redis_url,
-        "poll_interval_ms": 20,
-        "claim_lease_ttl_seconds": 30,
-        "metrics_port": 0,
-        "health_port": 0,
-        "drain_timeout_seconds": 1,
-        "queues": [{"queue_name": "requests", "igw_base_url": gateway}],
-    }
-    return load_config(inline=json.dumps(doc))
+    return make_config(
+        redis_url,
+        gateway=gateway,
+        poll_interval_ms=20,
+        claim_lease_ttl_seconds=30,
+        metrics_port=0,
+        health_port=0,
+        drain_timeout_seconds=1,
+    )
 
 
 async def poll_until(predicate: Any) -> None:

@@ -8,13 +8,12 @@ policy that cannot be read is said in one line and serve carries on.
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
 import trio
 from conftest import RedisFactory
-from support import mask_noperm
+from support import config_json, mask_noperm
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -22,16 +21,12 @@ from claimkit.consumer.serve import _check_eviction
 from claimkit.store.api import open_store
 
 
-def transport(url: str) -> str:
-    return json.dumps(
-        {"url": url, "queues": [{"queue_name": "q", "igw_base_url": "http://127.0.0.1:9"}]}
-    )
-
-
 def test_serve_refuses_an_allkeys_policy_in_one_line(redis_factory: RedisFactory) -> None:
     server = redis_factory(extra_args=["--maxmemory-policy", "allkeys-lru"])
     args = ["serve", "--metrics-port", "0", "--health-port", "0"]
-    result = CliRunner().invoke(app, [*args, "--transport-config", transport(server.url)])
+    result = CliRunner().invoke(
+        app, [*args, "--transport-config", config_json(server.url, queue="q")]
+    )
     assert result.exit_code == 1, result.output
     assert result.stderr == (
         f"claimkit: Redis at {server.url} has maxmemory-policy allkeys-lru, which can evict "

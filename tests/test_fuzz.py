@@ -28,6 +28,7 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import make_config
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -254,20 +255,17 @@ def unique_by_id(batch: list[tuple[bytes, str]]) -> list[tuple[bytes, str]]:
 
 
 def consumer_config(redis_url: str, gateway: str) -> Config:
-    return load_config(
-        inline=json.dumps(
-            {
-                "url": redis_url,
-                "poll_interval_ms": 10,
-                "batch_size": 50,
-                "claim_lease_ttl_seconds": 30,
-                "metrics_port": 0,
-                "health_port": 0,
-                "drain_timeout_seconds": 1,
-                "request_timeout_seconds": 5,
-                "queues": [{"queue_name": Q, "igw_base_url": gateway}],
-            }
-        )
+    return make_config(
+        redis_url,
+        queue=Q,
+        gateway=gateway,
+        poll_interval_ms=10,
+        batch_size=50,
+        claim_lease_ttl_seconds=30,
+        metrics_port=0,
+        health_port=0,
+        drain_timeout_seconds=1,
+        request_timeout_seconds=5,
     )
 
 

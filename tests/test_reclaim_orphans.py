@@ -19,7 +19,17 @@ from typing import Any
 import pytest
 import trio
 from held_gateway import held_gateway
-from support import command_calls, do, member, pairs, redis, server_now, server_now_sync, snapshot
+from support import (
+    command_calls,
+    config_json,
+    do,
+    member,
+    pairs,
+    redis,
+    server_now,
+    server_now_sync,
+    snapshot,
+)
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -56,14 +66,6 @@ async def claim(store: Store, pairs: list[tuple[str, int]], ttl: float = 300) ->
     return raws
 
 
-def transport_config(url: str, **extra: Any) -> str:
-    doc: dict[str, Any] = {
-        "url": url,
-        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
-    }
-    return json.dumps({**doc, **extra})
-
-
 def reclaim_once(transport: str, *flags: str) -> Any:
     result = CliRunner().invoke(app, ["reclaim", "--once", *flags, "--transport-config", transport])
     assert result.exit_code == 0, result.output
@@ -90,7 +92,7 @@ def test_reclaim_once_gives_a_live_owners_claim_its_lease_back(redis_url: str) -
         ("ZADD", K.index, now + 300, "b"),  # "a" has no lease entry
         ("HSET", K.deliveries, "a", 2),
     )
-    transport = transport_config(redis_url, claim_lease_ttl_seconds=120)
+    transport = config_json(redis_url, queue=Q, claim_lease_ttl_seconds=120)
     before = server_now_sync(redis_url)
     result = reclaim_once(transport)
     after = server_now_sync(redis_url)
@@ -214,7 +216,7 @@ def test_a_dead_owners_orphan_comes_back_one_lease_later(redis_url: str) -> None
         ("HSET", K.owners, "a", DEAD_TOKEN),
         ("HSET", K.deliveries, "a", 2),
     )
-    transport = transport_config(redis_url, claim_lease_ttl_seconds=1.5)
+    transport = config_json(redis_url, queue=Q, claim_lease_ttl_seconds=1.5)
     first = reclaim_once(transport, "--json")
     assert json.loads(first.stdout)["leases_restored"] == 1
     assert json.loads(first.stdout)["redelivered"] == 0
