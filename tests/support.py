@@ -20,7 +20,6 @@ import json
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
@@ -29,6 +28,8 @@ from claimkit.config import load_config
 from claimkit.store.api import open_store
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
     from claimkit.config import Config
     from claimkit.store.api import Arg, ScriptCall, Store
     from claimkit.store.scripts import Script

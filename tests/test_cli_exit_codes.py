@@ -12,13 +12,16 @@ tests/test_serve_process.py; ``demo``'s in tests/test_demo.py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pytest
 from support import closed_port, config_json, do
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 runner = CliRunner()
 Q = "jobs"

@@ -11,8 +11,7 @@ import gc
 import io
 import json
 import re
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import trio
@@ -27,6 +26,9 @@ from claimkit.producer import Producer
 from claimkit.protocol.models import Invalid, parse_member
 from claimkit.protocol.ops import QueueOps, new_token
 from claimkit.store.api import Arg, Store, open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 T = TypeVar("T")
 
@@ -202,7 +204,8 @@ def test_inspect_prints_counts_and_the_claim_table(redis_url: str) -> None:
     assert "claims (3 of 3, earliest lease expiry first)" in out
     lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
     assert set(lines) == {"c-old", "ghost", "c-live"}
-    assert "aaaaaaaa" in lines["c-old"] and TOKEN_A not in out, "owner tokens are shortened"
+    assert "aaaaaaaa" in lines["c-old"], "owner tokens are shortened"
+    assert TOKEN_A not in out, "owner tokens are shortened"
     assert "expired 40." in lines["c-old"]
     assert "(ghost)" in lines["ghost"]
     assert "4m" in lines["c-live"]
@@ -280,7 +283,8 @@ async def test_watch_shows_an_unreachable_redis_and_keeps_going() -> None:
                 refreshes=2,
             )
         text = out.getvalue()
-        assert "is unavailable" in text and "retrying" in text
+        assert "is unavailable" in text
+        assert "retrying" in text
         assert "s3cret" not in text
     gc.collect()
 

@@ -20,9 +20,8 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import trio
@@ -32,8 +31,12 @@ from typer.testing import CliRunner, Result
 from claimkit.cli.app import app
 from claimkit.cli.console import format_duration, format_time
 from claimkit.cli.ops_commands import follow_results
-from claimkit.dev.redis_server import RedisServer
 from claimkit.store.api import Arg, Store, StoreUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from claimkit.dev.redis_server import RedisServer
 
 T = TypeVar("T")
 runner = CliRunner()
@@ -117,9 +120,11 @@ def test_dead_list_survives_odd_deadlines_and_scores(redis_url: str) -> None:
     result = invoke(["dead", "list", "-q", "badq"], redis_url)
     no_traceback(result)
     out = result.stdout
-    assert "huge" in out and "in ∞" in out
+    assert "huge" in out
+    assert "in ∞" in out
     assert "in 1.16e+18d" in out  # a deadline of 1e23, shown relative to the server clock
-    assert "late" in out and "invalid: deadline is missing or invalid" in out
+    assert "late" in out
+    assert "invalid: deadline is missing or invalid" in out
 
 
 def test_inspect_survives_a_huge_or_infinite_pending_score(redis_url: str) -> None:
@@ -186,7 +191,8 @@ def test_dead_list_json_is_strict_and_every_member_exact(redis_url: str) -> None
 
     table = invoke(["dead", "list", "-q", "badq"], redis_url)
     no_traceback(table)
-    assert "café" in table.stdout and "? (unreadable)" in table.stdout
+    assert "café" in table.stdout
+    assert "? (unreadable)" in table.stdout
 
 
 # -- 3. requeue only what the consumer accepts ---------------------------------------------
@@ -280,7 +286,9 @@ async def test_follow_never_loses_a_record_whose_reply_was_lost(store: Store) ->
             retry_first=0.01,
         )
     assert (seen, emitted) == (3, records)
-    assert len(notes) == 4 and "unavailable" in notes[0] and "is back" in notes[1]
+    assert len(notes) == 4
+    assert "unavailable" in notes[0]
+    assert "is back" in notes[1]
     assert await store.command("EXISTS", "res", "res:following:test") == 0
 
 

@@ -22,9 +22,8 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from held_gateway import held_gateway
@@ -33,7 +32,11 @@ from support import do, redis, wait_until
 from claimkit.producer import Producer
 from claimkit.protocol.models import Envelope, parse_member
 from claimkit.protocol.ops import CHUNK, QueueOps, new_token
-from claimkit.store.api import Store
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+    from claimkit.store.api import Store
 
 pytestmark = pytest.mark.slow
 
@@ -176,7 +179,8 @@ def test_inspect_watch_ends_cleanly_on_ctrl_c(redis_url: str, children: Children
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=20) == 0
     out = children.output("watch")
-    assert f"queue {Q}" in out and "pending 1" in out
+    assert f"queue {Q}" in out
+    assert "pending 1" in out
     assert "Traceback" not in children.output("watch", "err")
 
 
@@ -199,7 +203,8 @@ def test_drain_release_all_under_live_consumers(redis_url: str, children: Childr
         ]
         # Each consumer fills its slots, then waits on the gateway with its claims held.
         arrived = gateway.wait_arrivals(held, START_TIMEOUT)
-        assert set(arrived) <= set(ids) and set(arrived.values()) == {1}
+        assert set(arrived) <= set(ids)
+        assert set(arrived.values()) == {1}
         state = ("ZCARD", Q), ("ZCARD", f"{Q}:claims-idx"), ("HLEN", f"{Q}:claim-owners")
         assert do(redis_url, *state) == [n - held, held, held]
 

@@ -12,7 +12,7 @@ import sys
 import sysconfig
 import tempfile
 from collections import Counter
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from rich.console import Console
@@ -21,6 +21,9 @@ from typer.testing import CliRunner
 from claimkit.cli.app import app
 from claimkit.dev.demo import _Report, _summary_table, run_demo
 from claimkit.dev.redis_server import BINARY_ENV, not_found_message
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @pytest.mark.slow

@@ -7,10 +7,9 @@ import json
 import math
 import random
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import pytest
@@ -19,7 +18,6 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from support import closed_port, make_config, server_now
 
-from claimkit.config import Config
 from claimkit.consumer.consumer import Consumer
 from claimkit.consumer.dispatch import (
     DEADLINE_MARGIN,
@@ -44,7 +42,12 @@ from claimkit.protocol.models import (
     parse_member,
     retry_member,
 )
-from claimkit.store.api import Store
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from claimkit.config import Config
+    from claimkit.store.api import Store
 
 TIMEOUT = 10.0  # absolute cap for every test, seconds
 PREFIX = "Failed to send request to inference: "

@@ -9,16 +9,19 @@ policy that cannot be read is said in one line and serve carries on.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-import pytest
 import trio
-from conftest import RedisFactory
 from support import config_json, mask_noperm
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
 from claimkit.consumer.serve import _check_eviction
 from claimkit.store.api import open_store
+
+if TYPE_CHECKING:
+    import pytest
+    from conftest import RedisFactory
 
 
 def test_serve_refuses_an_allkeys_policy_in_one_line(redis_factory: RedisFactory) -> None:

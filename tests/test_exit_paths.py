@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import support
@@ -33,6 +32,9 @@ from claimkit.protocol.models import (
 )
 from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps, move_retries, new_token
 from claimkit.store.api import Store, open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 Q = "{tenant-b}:jobs"
 K = QueueKeys.for_queue(Q)

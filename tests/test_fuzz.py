@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -36,7 +36,9 @@ from claimkit.config import Config, ConfigError, load_config
 from claimkit.consumer.consumer import Consumer
 from claimkit.dev.sim import SimConfig, serve_sim
 from claimkit.protocol.models import Invalid, parse_member
-from claimkit.store.api import Store
+
+if TYPE_CHECKING:
+    from claimkit.store.api import Store
 
 Q = "{fz}:q"
 DEAD = f"{Q}:dead"
@@ -419,7 +421,8 @@ def assert_usable(config: Config) -> None:
         assert 0 <= value <= MAX_INT, f"{name}={value!r} accepted"
     assert config.claim_lease_ttl_seconds > 0
     assert config.request_timeout_seconds > 0
-    assert config.batch_size >= 1 and config.concurrency >= 1
+    assert config.batch_size >= 1
+    assert config.concurrency >= 1
 
 
 @pytest.mark.slow
@@ -433,7 +436,8 @@ def test_fuzzed_configs_are_accepted_or_one_line_errors(redis_url: str) -> None:
             config = load_config(inline=text)
         except ConfigError as exc:
             message = str(exc)
-            assert message and "\n" not in message, repr(message)
+            assert message, repr(message)
+            assert "\n" not in message, repr(message)
             result = runner.invoke(app, ["serve", "--transport-config", text])
             assert result.exit_code == 1, result.output
             assert result.exception is None or isinstance(result.exception, SystemExit)
@@ -447,7 +451,8 @@ def test_fuzzed_configs_are_accepted_or_one_line_errors(redis_url: str) -> None:
         assert result.exception is None or isinstance(result.exception, SystemExit), result.output
         assert result.exit_code in (0, 1), result.output
         out = result.stdout if result.exit_code == 0 else result.stderr
-        assert len(out.splitlines()) == 1 and "Traceback" not in result.output, result.output
+        assert len(out.splitlines()) == 1, result.output
+        assert "Traceback" not in result.output, result.output
 
     one()
 
@@ -459,7 +464,8 @@ def test_an_id_no_one_can_write_is_not_salvaged() -> None:
     """``json.loads`` reads a lone surrogate escape; the record of such an id could not be
     encoded, and raising there took the whole consumer down (every consumer that peeked it)."""
     bad = parse_member(b'{"request_kind":"x","data":{"id":"\\ud800","deadline":5}}')
-    assert isinstance(bad, Invalid) and bad.id is None
+    assert isinstance(bad, Invalid)
+    assert bad.id is None
     token = parse_member(
         b'{"request_kind":"x","data":{"id":"ok","deadline":5},'
         b'"internal":{"request_token":"\\udfff","result_queue_name":"\\ud800"}}'
@@ -472,7 +478,8 @@ def test_a_readable_id_gets_its_record_even_when_msgspec_rejects_the_text() -> N
     """A lone surrogate in the payload: msgspec refuses the JSON, the id is still readable,
     so the request must get its INVALID_REQUEST record (it used to get none)."""
     bad = parse_member(b'{"request_kind":"plain","data":{"id":"ok","deadline":5,"p":"\\udfff"}}')
-    assert isinstance(bad, Invalid) and bad.id == "ok"
+    assert isinstance(bad, Invalid)
+    assert bad.id == "ok"
 
 
 async def test_poison_members_neither_crash_nor_break_the_queue(

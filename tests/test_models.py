@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -25,7 +24,11 @@ from claimkit.protocol.models import (
     retry_member,
 )
 from claimkit.protocol.ops import ClaimCode, QueueOps, new_token
-from claimkit.store.api import Arg, Store
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from claimkit.store.api import Arg, Store
 
 Q = "requests"
 TOKEN = "0123456789abcdef" * 2
@@ -330,7 +333,7 @@ def test_record_from_json() -> None:
     for bad in (b"[]", b'{"payload":"x"}', b'{"id":3}'):
         with pytest.raises(ValueError, match="not a terminal record"):
             TerminalRecord.from_json(bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011 - any ValueError: bad JSON has no own message
         TerminalRecord.from_json(b"{nope")
 
 
@@ -371,7 +374,8 @@ async def test_submit_many_writes_one_transaction(store: Store) -> None:
             ]
         )
         t1 = await server_now(store)
-        assert len(tokens) == 2 and tokens[0] != tokens[1]
+        assert len(tokens) == 2
+        assert tokens[0] != tokens[1]
         assert all(re.fullmatch(r"[0-9a-f]{32}", t) for t in tokens)
 
         m1 = dumps(

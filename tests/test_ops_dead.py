@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -17,7 +17,9 @@ from claimkit.ops.dead import (
     requeue_dead,
 )
 from claimkit.protocol.ops import CHUNK, QueueOps
-from claimkit.store.api import Store
+
+if TYPE_CHECKING:
+    from claimkit.store.api import Store
 
 Q = "{t}:jobs"
 DEAD = f"{Q}:dead"

@@ -4,8 +4,7 @@ fenced per claim by the owner token and the lease expiry read just before."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -13,8 +12,12 @@ from support import StoreWrapper, member, server_now
 
 from claimkit.ops.drain import DrainReport, drain_claims
 from claimkit.protocol.ops import CHUNK
-from claimkit.store.api import Arg, Store
-from claimkit.store.scripts import Script
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from claimkit.store.api import Arg, Store
+    from claimkit.store.scripts import Script
 
 Q = "jobs"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import trio
 from support import do
 from typer.testing import CliRunner
@@ -9,7 +11,9 @@ from typer.testing import CliRunner
 from claimkit import Producer
 from claimkit.cli.app import app
 from claimkit.protocol.models import TerminalRecord
-from claimkit.store.api import Store
+
+if TYPE_CHECKING:
+    from claimkit.store.api import Store
 
 DEEP = b"[" * 100_000  # json.loads raises RecursionError, not ValueError
 

@@ -13,8 +13,7 @@ import json
 import random
 import re
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -42,7 +41,11 @@ from claimkit.protocol.ops import (
     token_time,
 )
 from claimkit.store.api import Arg, ScriptCall, Store, StoreError
-from claimkit.store.scripts import Script
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from claimkit.store.scripts import Script
 
 Q = "{tenant-a}:requests"
 K = QueueKeys.for_queue(Q)
@@ -296,7 +299,8 @@ async def test_a_cancel_key_of_another_type_is_not_a_cancellation(store: Store) 
         assert codes == [ClaimCode.CLAIMED, ClaimCode.CLAIMED]
         state = await snapshot(store)
         assert state[K.owners] == {b"a": tokens[0].encode(), b"b": tokens[1].encode()}
-        assert Q not in state and [m for m, _ in state[K.index]] == [b"a", b"b"]
+        assert Q not in state
+        assert [m for m, _ in state[K.index]] == [b"a", b"b"]
         assert await store.command("LRANGE", "request-cancel:a", 0, -1) == [gen.encode()]
 
 
@@ -365,7 +369,8 @@ def test_tokens_are_uuid7_stamped_with_the_claim_time() -> None:
         assert token[13:15] == "c1"  # claimkit's tag
         assert token_time(token) == 1_796_000_000.123  # milliseconds, truncated
     # The random bits vary in every position they occupy.
-    assert len({t[15] for t in tokens}) == 16 and len({t[17:] for t in tokens}) == 2000
+    assert len({t[15] for t in tokens}) == 16
+    assert len({t[17:] for t in tokens}) == 2000
 
 
 GOOD = new_token(1_796_000_000)

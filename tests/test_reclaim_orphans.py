@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -38,7 +38,9 @@ from claimkit.producer import Producer
 from claimkit.protocol.keys import QueueKeys
 from claimkit.protocol.models import Envelope, parse_member
 from claimkit.protocol.ops import QueueOps, new_token
-from claimkit.store.api import Store
+
+if TYPE_CHECKING:
+    from claimkit.store.api import Store
 
 Q = "orphans"
 K = QueueKeys.for_queue(Q)

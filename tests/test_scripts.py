@@ -15,10 +15,9 @@ import hashlib
 import importlib.metadata
 import re
 import shutil
-from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -29,6 +28,9 @@ from claimkit.protocol.ops import AckItem, QueueOps, move_retries
 from claimkit.store import scripts as _scripts
 from claimkit.store.api import Arg, ScriptCall, Store, StoreError
 from claimkit.store.scripts import Script, ScriptError, all_scripts, script
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
 
 SOURCE_LUA = Path(__file__).resolve().parent.parent / "lua"
 """The source tree's ``lua/`` (tests run from a checkout)."""

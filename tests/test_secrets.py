@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from support import do
@@ -14,6 +14,9 @@ from typer.testing import CliRunner
 from claimkit.cli.app import app
 from claimkit.config import ConfigError, load_config
 from claimkit.dev.redis_server import RedisServer
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 RedisFactory = Callable[..., RedisServer]
 PASSWORD = "s3cret pw/@:"

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import trio
@@ -32,7 +30,12 @@ from claimkit.protocol.models import (
     Invalid,
     parse_member,
 )
-from claimkit.store.api import Store
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+    from claimkit.store.api import Store
 
 T = TypeVar("T")
 Q = "sq"
@@ -79,7 +82,8 @@ def test_the_last_second_of_year_9999_is_a_valid_deadline() -> None:
     assert MAX_DEADLINE == 253402300799
     raw = json.dumps(wire({"id": "x", "deadline": MAX_DEADLINE})).encode()
     parsed = parse_member(raw)
-    assert isinstance(parsed, Envelope) and parsed.deadline == MAX_DEADLINE
+    assert isinstance(parsed, Envelope)
+    assert parsed.deadline == MAX_DEADLINE
 
 
 async def test_the_consumer_dead_letters_a_queued_out_of_range_deadline(
