@@ -128,32 +128,7 @@ class EdgeApp:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         path = scope["path"]
         self.calls.append(Call(scope["method"], path, headers, body))
-        query = parse_qs(scope["query_string"].decode())
-        extra: list[tuple[bytes, bytes]] = []
-        if path == "/created":
-            status, out = 201, '{"id": "x",  "text": "café" }\n'.encode()
-            extra = [(b"content-type", b"application/json; charset=utf-8")]
-        elif path == "/bad":
-            status, out = 400, b'{"error":"prompt is required"}'
-        elif path == "/busy":
-            status, out = 429, b"slow down"
-            if "ra" in query:
-                extra = [(b"retry-after", query["ra"][0].encode())]
-        elif path == "/boom":
-            status, out = 500, b"boom"
-        elif path == "/unavailable":
-            status, out = 503, b"try later"
-        elif path == "/redirect":
-            status, out = 302, b"moved"
-            extra = [(b"location", b"/landed")]
-        elif path == "/landed":
-            status, out = 200, b"landed"
-        elif path.endswith("/echo"):
-            headers_out = [[k, v] for k, v in headers]
-            doc = {"path": path, "headers": headers_out, "body": body.decode()}
-            status, out = 200, json.dumps(doc).encode()
-        else:
-            status, out = 404, f"no route {scope['method']} {path}".encode()
+        status, out, extra = edge_route(scope, headers, body)
         await send(
             {
                 "type": "http.response.start",
@@ -162,6 +137,39 @@ class EdgeApp:
             }
         )
         await send({"type": "http.response.body", "body": out, "more_body": False})
+
+
+# path -> (status, body, extra headers) of the fixed routes of EdgeApp.
+FIXED_ROUTES: dict[str, tuple[int, bytes, list[tuple[bytes, bytes]]]] = {
+    "/bad": (400, b'{"error":"prompt is required"}', []),
+    "/boom": (500, b"boom", []),
+    "/unavailable": (503, b"try later", []),
+    "/redirect": (302, b"moved", [(b"location", b"/landed")]),
+    "/landed": (200, b"landed", []),
+}
+
+
+def edge_route(
+    scope: Any, headers: list[tuple[str, str]], body: bytes
+) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """EdgeApp's answer to one request: ``(status, body, extra headers)``."""
+    path = scope["path"]
+    if path == "/created":
+        out = '{"id": "x",  "text": "café" }\n'.encode()
+        return 201, out, [(b"content-type", b"application/json; charset=utf-8")]
+    if path == "/busy":
+        query = parse_qs(scope["query_string"].decode())
+        return (
+            429,
+            b"slow down",
+            [(b"retry-after", query["ra"][0].encode())] if "ra" in query else [],
+        )
+    if path in FIXED_ROUTES:
+        return FIXED_ROUTES[path]
+    if path.endswith("/echo"):
+        doc = {"path": path, "headers": [[k, v] for k, v in headers], "body": body.decode()}
+        return 200, json.dumps(doc).encode(), []
+    return 404, f"no route {scope['method']} {path}".encode(), []
 
 
 @dataclass

@@ -124,32 +124,21 @@ JUNK = st.one_of(
 )  # fmt: skip
 
 
-@st.composite
-def broken_docs(draw: st.DrawFn) -> tuple[Any, bool]:
-    """A document that breaks one rule of SPEC §2.1, and whether that is a clear violation
-    (must be dead-lettered) or a wrong-typed optional field (either outcome is fine, as
-    long as it is exactly one)."""
-    doc = draw(good_docs())
-    data = doc["data"]
-    how = draw(
-        st.sampled_from(
-            [
-                "kind", "no-kind", "no-data", "data-type", "no-id", "id-type", "empty-id",
-                "no-deadline", "deadline", "huge-deadline", "not-object", "optional",
-                "internal", "surrogate-id",
-            ]
-        )
-    )  # fmt: skip
-    clear = True
-    if how == "kind":
-        doc["request_kind"] = draw(st.one_of(JUNK, st.sampled_from(["PLAIN", "other", ""])))
-    elif how == "no-kind":
-        del doc["request_kind"]
-    elif how == "no-data":
-        del doc["data"]
-    elif how == "data-type":
-        doc["data"] = draw(JUNK.filter(lambda v: not isinstance(v, dict)))
-    elif how == "no-id":
+DATA_BREAKS = {
+    "no-id",
+    "id-type",
+    "empty-id",
+    "no-deadline",
+    "deadline",
+    "huge-deadline",
+    "optional",
+}
+
+
+def break_data(draw: st.DrawFn, data: dict[str, Any], how: str) -> bool:
+    """Break the request's ``data`` object as ``how`` (one of :data:`DATA_BREAKS`) says;
+    whether that is a clear violation (see :func:`broken_docs`)."""
+    if how == "no-id":
         del data["id"]
     elif how == "id-type":
         data["id"] = draw(JUNK.filter(lambda v: not isinstance(v, str)))
@@ -167,13 +156,43 @@ def broken_docs(draw: st.DrawFn) -> tuple[Any, bool]:
     elif how == "huge-deadline":
         # A JSON integer > 0, as SPEC §2.1 asks, only absurdly far away: either outcome.
         data["deadline"] = draw(st.sampled_from([2**63, 2**64, 10**30]))
-        clear = False
-    elif how == "not-object":
-        return draw(st.one_of(JUNK, st.lists(st.just(doc), max_size=1))), True
-    elif how == "optional":
+        return False
+    else:  # "optional"
         name = draw(st.sampled_from(["payload", "metadata", "headers", "endpoint", "created"]))
         data[name] = draw(JUNK)
-        clear = False
+        return False
+    return True
+
+
+@st.composite
+def broken_docs(draw: st.DrawFn) -> tuple[Any, bool]:
+    """A document that breaks one rule of SPEC §2.1, and whether that is a clear violation
+    (must be dead-lettered) or a wrong-typed optional field (either outcome is fine, as
+    long as it is exactly one)."""
+    doc = draw(good_docs())
+    data = doc["data"]
+    how = draw(
+        st.sampled_from(
+            [
+                "kind", "no-kind", "no-data", "data-type", "no-id", "id-type", "empty-id",
+                "no-deadline", "deadline", "huge-deadline", "not-object", "optional",
+                "internal", "surrogate-id",
+            ]
+        )
+    )  # fmt: skip
+    if how in DATA_BREAKS:
+        return doc, break_data(draw, data, how)
+    clear = True
+    if how == "kind":
+        doc["request_kind"] = draw(st.one_of(JUNK, st.sampled_from(["PLAIN", "other", ""])))
+    elif how == "no-kind":
+        del doc["request_kind"]
+    elif how == "no-data":
+        del doc["data"]
+    elif how == "data-type":
+        doc["data"] = draw(JUNK.filter(lambda v: not isinstance(v, dict)))
+    elif how == "not-object":
+        return draw(st.one_of(JUNK, st.lists(st.just(doc), max_size=1))), True
     elif how == "surrogate-id":
         # Broken in two ways: a bad field, and an id no one can write back (JSON text can
         # escape a lone surrogate); reading the id for the record must not crash anything.
