@@ -5,7 +5,8 @@
 - Redis state in a comparable shape: :func:`snapshot`, :func:`pairs`, :class:`Ttl`,
   :class:`Between`, :func:`server_now`, :func:`command_calls`. Replies may be RESP2 or RESP3
   shaped.
-- Synchronous access for CLI tests: :func:`redis`, :func:`do`.
+- Synchronous access for CLI tests: :func:`redis`, :func:`do`; the CLI in-process:
+  :func:`invoke`, :func:`one_line_error`.
 - Builders: :func:`member` (a queue member's bytes), :func:`deadline`, :func:`config_doc`,
   :func:`config_json`, :func:`make_config` (a transport config).
 - :class:`StoreWrapper`: a :class:`Store` delegating to a real one, for fakes that record or
@@ -23,12 +24,16 @@ import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
+from typer.testing import CliRunner
 
+from claimkit.cli.app import app
 from claimkit.config import load_config
 from claimkit.store.api import open_store
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
+
+    from typer.testing import Result
 
     from claimkit.config import Config
     from claimkit.store.api import Arg, ScriptCall, Store
@@ -75,6 +80,13 @@ async def server_now(store: Store) -> float:
     """The Redis server clock, Unix seconds."""
     sec, usec = await store.command("TIME")
     return int(sec) + int(usec) / 1_000_000
+
+
+async def zrange(store: Store, key: str) -> list[tuple[bytes, float]]:
+    """The sorted set ``key``, lowest score first: ``[(member, score)]``."""
+    return [
+        (m, float(s)) for m, s in pairs(await store.command("ZRANGE", key, 0, -1, "WITHSCORES"))
+    ]
 
 
 async def snapshot(store: Store, *, skip_prefix: str | None = None) -> dict[str, Any]:
@@ -251,3 +263,29 @@ class StoreWrapper:
 def server_now_sync(url: str) -> float:
     """:func:`server_now` from synchronous test code, on a store opened on ``url``."""
     return redis(url, server_now)
+
+
+# -- the CLI in-process -------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def invoke(args: Sequence[str], url: str | None = None, stdin: str | None = None) -> Result:
+    """Run ``claimkit ARGS`` (typer's CliRunner) with ``REDIS_URL`` set to ``url`` (unset when
+    ``None``), ``stdin`` as its input and a 200-column terminal."""
+    return runner.invoke(app, list(args), input=stdin, env={"REDIS_URL": url, "COLUMNS": "200"})
+
+
+def one_line_error(result: Result, text: str | None = None, code: int = 1) -> str:
+    """Assert ``result`` failed with exit status ``code`` (1: not done; 2: a usage error),
+    exactly one ``claimkit: ...`` line (``claimkit: <text>`` when ``text`` is given) on
+    stderr, nothing on stdout and no traceback. Returns that line."""
+    assert result.exit_code == code, (result.exit_code, result.output)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("claimkit: ")
+    assert "Traceback" not in result.output
+    if text is not None:
+        assert lines[0] == f"claimkit: {text}"
+    return lines[0]

@@ -16,8 +16,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 import trio
 from rich.console import Console
-from support import closed_port, config_json, do, member, redis, server_now_sync
-from typer.testing import CliRunner, Result
+from support import (
+    closed_port,
+    config_json,
+    do,
+    invoke,
+    member,
+    one_line_error,
+    redis,
+    server_now_sync,
+)
+from typer.testing import CliRunner
 
 from claimkit.cli.app import app
 from claimkit.cli.ops_commands import watch_queue
@@ -36,25 +45,6 @@ Q = "jobs"
 TOKEN_A = "a" * 32
 TOKEN_B = "b" * 32
 runner = CliRunner()
-
-
-def invoke(args: Sequence[str], url: str | None = None) -> Result:
-    """Run ``claimkit ARGS`` with ``REDIS_URL`` set to ``url`` (unset when ``None``)."""
-    return runner.invoke(app, list(args), env={"REDIS_URL": url, "COLUMNS": "200"})
-
-
-def one_line_error(result: Result, text: str | None = None, code: int = 1) -> str:
-    """Assert ``result`` failed with exit status ``code`` (1: not done; 2: a usage error),
-    exactly one ``claimkit: ...`` line and no traceback."""
-    assert result.exit_code == code, (result.exit_code, result.output)
-    assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("claimkit: ")
-    assert "Traceback" not in result.output
-    if text is not None:
-        assert lines[0] == f"claimkit: {text}"
-    return lines[0]
 
 
 def claim_commands(

@@ -25,10 +25,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import trio
-from support import StoreWrapper, do, wait_until
-from typer.testing import CliRunner, Result
+from support import StoreWrapper, do, invoke, wait_until
 
-from claimkit.cli.app import app
 from claimkit.cli.console import format_duration, format_time
 from claimkit.cli.ops_commands import follow_results
 from claimkit.store.api import Arg, Store, StoreUnavailable
@@ -36,17 +34,14 @@ from claimkit.store.api import Arg, Store, StoreUnavailable
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from typer.testing import Result
+
     from claimkit.dev.redis_server import RedisServer
 
 T = TypeVar("T")
-runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
 CLAIMKIT = Path(sys.executable).with_name("claimkit")
 TOKEN = "ab" * 16
-
-
-def invoke(args: Sequence[str], url: str) -> Result:
-    return runner.invoke(app, list(args), env={"REDIS_URL": url, "COLUMNS": "200"})
 
 
 def no_traceback(result: Result, code: int = 0) -> None:

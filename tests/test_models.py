@@ -11,7 +11,7 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import StoreWrapper, server_now
+from support import StoreWrapper, server_now, zrange
 
 from claimkit.producer import CANCEL_TTL_SECONDS, Producer, SubmitError
 from claimkit.protocol.models import (
@@ -354,12 +354,6 @@ class RecordingStore(StoreWrapper):
         return await self.inner.pipeline(commands, transaction=transaction)
 
 
-def zset(reply: Any) -> list[tuple[bytes, float]]:
-    if reply and isinstance(reply[0], list):
-        return [(m, float(s)) for m, s in reply]
-    return [(m, float(s)) for m, s in zip(reply[0::2], reply[1::2], strict=True)]
-
-
 async def test_submit_many_writes_one_transaction(store: Store) -> None:
     with trio.fail_after(10):
         rec = RecordingStore(store)
@@ -410,7 +404,7 @@ async def test_submit_many_writes_one_transaction(store: Store) -> None:
             b"request-active:b",
             Q.encode(),
         ]
-        assert zset(await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")) == [(m1, d1), (m2, d2)]
+        assert await zrange(store, Q) == [(m1, d1), (m2, d2)]
         for rid, token, ttl in (("a", tokens[0], ttls[0]), ("b", tokens[1], ttls[1])):
             assert await store.command("GET", f"request-active:{rid}") == token.encode()
             pttl = await store.command("PTTL", f"request-active:{rid}")
@@ -431,7 +425,7 @@ async def test_submit_a_whole_envelope_with_internal_fields(store: Store) -> Non
                 }
             ]
         )
-        ((raw, _),) = zset(await store.command("ZRANGE", Q, 0, -1, "WITHSCORES"))
+        ((raw, _),) = await zrange(store, Q)
         assert json.loads(raw)["internal"] == {"queue_id": "x", "request_token": token}
         assert await store.command("GET", "request-active:e") == token.encode()
 

@@ -29,6 +29,7 @@ from support import (
     server_now,
     server_now_sync,
     snapshot,
+    zrange,
 )
 from typer.testing import CliRunner
 
@@ -324,7 +325,7 @@ async def test_the_restored_lease_follows_the_claim_rule(store: Store) -> None:
         counts = await QueueOps(store, Q, lease_ttl=600).reclaim(10, full_scan=True)
         after = await server_now(store)
         assert (counts.orphans, counts.leases_restored, counts.redelivered) == (2, 2, 0)
-        leases = dict(await _zrange(store, K.index))
+        leases = dict(await zrange(store, K.index))
         assert leases[b"near"] == float(now + 90)  # deadline + 30 s, under now + 600
         assert before + 30 <= leases[b"past"] <= after + 30  # the floor: now + min(600, 30)
 
@@ -345,13 +346,13 @@ async def test_an_orphan_at_max_deliveries_is_dead_lettered_with_its_record(stor
             1,
             1,
         )
-        ((_, lease),) = await _zrange(store, K.index)
+        ((_, lease),) = await zrange(store, K.index)
         with trio.fail_after(30):
             while await server_now(store) <= lease:
                 await trio.sleep(0.05)
         counts = await ops.reclaim(max_deliveries=3, full_scan=True)
         assert (counts.redelivered, counts.dead, counts.orphans) == (0, 1, 0)
-        assert [m for m, _ in await _zrange(store, K.dead)] == [raw]
+        assert [m for m, _ in await zrange(store, K.dead)] == [raw]
         (record,) = await store.command("LRANGE", "result-list", 0, -1)
         assert json.loads(record)["error_code"] == "MAX_DELIVERIES_EXCEEDED"
         assert await store.command("EXISTS", K.claimed, K.owners, K.index, K.deliveries) == 0
@@ -440,12 +441,6 @@ def test_inspect_shows_the_orphan_count(redis_url: str) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-async def _zrange(store: Store, key: str) -> list[tuple[bytes, float]]:
-    return [
-        (m, float(s)) for m, s in pairs(await store.command("ZRANGE", key, 0, -1, "WITHSCORES"))
-    ]
 
 
 async def test_drain_releases_an_orphan_without_counting_a_delivery(store: Store) -> None:

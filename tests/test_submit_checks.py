@@ -14,10 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import trio
-from support import do, redis
-from typer.testing import CliRunner, Result
+from support import do, invoke, one_line_error, redis
 
-from claimkit.cli.app import app
 from claimkit.config import load_config
 from claimkit.consumer.consumer import Consumer
 from claimkit.dev.sim import SimConfig, serve_sim
@@ -32,30 +30,16 @@ from claimkit.protocol.models import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from pathlib import Path
 
     from claimkit.store.api import Store
 
 T = TypeVar("T")
 Q = "sq"
-runner = CliRunner()
-
-
-def invoke(args: Sequence[str], url: str, stdin: str | None = None) -> Result:
-    return runner.invoke(app, list(args), input=stdin, env={"REDIS_URL": url, "COLUMNS": "200"})
 
 
 def keys(url: str) -> list[bytes]:
     return sorted(do(url, ("KEYS", "*"))[0])
-
-
-def one_line_error(result: Result, text: str) -> None:
-    """``result`` failed with exactly ``claimkit: <text>`` on stderr, nothing else."""
-    assert result.exit_code == 1, (result.exit_code, result.output)
-    assert "Traceback" not in result.output
-    assert result.stdout == ""
-    assert result.stderr.splitlines() == [f"claimkit: {text}"]
 
 
 def future(seconds: int = 3600) -> int:
