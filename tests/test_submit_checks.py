@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import trio
-from support import do, invoke, one_line_error, redis
+from support import do, invoke, make_config, one_line_error, redis
 
-from claimkit.config import load_config
 from claimkit.consumer.consumer import Consumer
 from claimkit.dev.sim import SimConfig, serve_sim
 from claimkit.producer import Producer, SubmitError
@@ -83,16 +82,13 @@ async def test_the_consumer_dead_letters_a_queued_out_of_range_deadline(
         await Producer(store, Q).submit({"id": "good", "deadline": future()})
         async with trio.open_nursery() as sim:
             gateway = await sim.start(serve_sim, SimConfig())
-            config = load_config(
-                inline=json.dumps(
-                    {
-                        "url": redis_url,
-                        "poll_interval_ms": 20,
-                        "metrics_port": 0,
-                        "health_port": 0,
-                        "queues": [{"queue_name": Q, "igw_base_url": gateway}],
-                    }
-                )
+            config = make_config(
+                redis_url,
+                queue=Q,
+                gateway=gateway,
+                poll_interval_ms=20,
+                metrics_port=0,
+                health_port=0,
             )
             consumer = Consumer(config, store)
             async with trio.open_nursery() as nursery:
