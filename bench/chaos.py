@@ -73,7 +73,7 @@ from chaos_observe import (
 from claimkit.dev.redis_server import RedisServer, RedisServerError, find_server_binary
 from claimkit.producer import Producer
 from claimkit.protocol.keys import request_active
-from claimkit.store.api import Store, StoreError, StoreUnavailable, open_store
+from claimkit.store import Store, StoreError, StoreUnavailable, open_store
 
 QUEUE = "chaos"
 RESULTS = "result-list"
@@ -196,41 +196,49 @@ def make_schedule(rng: random.Random, opts: argparse.Namespace) -> list[Fault]:
     need_kills = max(0, opts.kills - kinds.count("kill"))
     free = [i for i, k in enumerate(kinds) if k not in ("redis", "kill")]
     rng.shuffle(free)
-    for _ in range(need):
-        if free:
-            kinds[free.pop()] = "redis"
-        else:
-            kinds.insert(rng.randrange(len(kinds) + 1), "redis")
-    for _ in range(need_kills):
-        if free:
-            kinds[free.pop()] = "kill"
-        else:
-            kinds.insert(rng.randrange(len(kinds) + 1), "kill")
+    _place(kinds, free, "redis", need, rng)
+    _place(kinds, free, "kill", need_kills, rng)
     if opts.every_kind:
-        for kind in FAULT_KINDS:
-            if kind in kinds:
-                continue
-            spare = [
-                i
-                for i, k in enumerate(kinds)
-                if kinds.count(k) > 1
-                and k != "redis"
-                and (k != "kill" or kinds.count(k) > opts.kills)
-            ]
-            if spare:
-                kinds[rng.choice(spare)] = kind
-            else:
-                kinds.insert(rng.randrange(len(kinds) + 1), kind)
+        _cover_every_kind(kinds, opts, rng)
     out = []
     for kind in kinds:
-        if kind == "stop":
-            length = opts.lease + rng.uniform(0.5, 2.5)
-        elif kind == "redis":
-            length = rng.uniform(0.2, 1.5)
-        else:
-            length = rng.uniform(0.5, 2.0)
+        length = _fault_length(kind, opts, rng)
         out.append(Fault(rng.uniform(*opts.fault_gap), kind, rng.random(), length))
     return out
+
+
+def _place(kinds: list[str], free: list[int], kind: str, n: int, rng: random.Random) -> None:
+    """Make ``n`` more faults ``kind``: over a free slot while there is one, else inserted."""
+    for _ in range(n):
+        if free:
+            kinds[free.pop()] = kind
+        else:
+            kinds.insert(rng.randrange(len(kinds) + 1), kind)
+
+
+def _cover_every_kind(kinds: list[str], opts: argparse.Namespace, rng: random.Random) -> None:
+    """``--every-kind``: each kind at least once, over a kind that occurs more than needed."""
+    for kind in FAULT_KINDS:
+        if kind in kinds:
+            continue
+        spare = [
+            i
+            for i, k in enumerate(kinds)
+            if kinds.count(k) > 1 and k != "redis" and (k != "kill" or kinds.count(k) > opts.kills)
+        ]
+        if spare:
+            kinds[rng.choice(spare)] = kind
+        else:
+            kinds.insert(rng.randrange(len(kinds) + 1), kind)
+
+
+def _fault_length(kind: str, opts: argparse.Namespace, rng: random.Random) -> float:
+    """Seconds stopped (stop), down (redis) or before the replacement starts (kill/term)."""
+    if kind == "stop":
+        return float(opts.lease + rng.uniform(0.5, 2.5))
+    if kind == "redis":
+        return rng.uniform(0.2, 1.5)
+    return rng.uniform(0.5, 2.0)
 
 
 # -- processes -----------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -74,130 +75,161 @@ def run_candidate(name: str, url: str, n: int, conc: int) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+Client = tuple[Callable[[], Awaitable[int]], Callable[[], Awaitable[None]]]
+"""A candidate's ``post()`` (returns the HTTP status) and ``close()``."""
+
+
+async def _httpx(name: str, url: str, conc: int) -> Client:
+    import httpx
+
+    if name == "httpx-default":
+        client = httpx.AsyncClient(timeout=10)
+    elif name == "httpx-claimkit-0.1":
+        client = httpx.AsyncClient(
+            follow_redirects=False,
+            limits=httpx.Limits(
+                max_connections=conc, max_keepalive_connections=conc, keepalive_expiry=30.0
+            ),
+            timeout=httpx.Timeout(300.0),
+        )
+    else:
+        client = httpx.AsyncClient(
+            timeout=10, limits=httpx.Limits(max_connections=conc, max_keepalive_connections=10)
+        )
+    headers = {"Content-Type": "application/json"}
+
+    async def post() -> int:
+        r = await client.post(url, content=BODY, headers=headers)
+        return r.status_code
+
+    async def close() -> None:
+        await client.aclose()
+
+    return post, close
+
+
+async def _httpcore(name: str, url: str, conc: int) -> Client:
+    import httpcore
+
+    pool = httpcore.AsyncConnectionPool(max_connections=conc, max_keepalive_connections=conc)
+    hdrs = [(b"Content-Type", b"application/json"), (b"Host", url.split("/")[2].encode())]
+
+    async def post() -> int:
+        r = await pool.request(
+            "POST",
+            url,
+            headers=hdrs,
+            content=BODY,
+            extensions={"timeout": {"connect": 10, "read": 10, "write": 10, "pool": 10}},
+        )
+        return r.status
+
+    async def close() -> None:
+        await pool.aclose()
+
+    return post, close
+
+
+async def _claimkit_h11(name: str, url: str, conc: int) -> Client:
+    from claimkit.consumer.http import HttpClient
+
+    hc = HttpClient(max_connections=conc)
+    hdrs = [(b"Content-Type", b"application/json")]
+
+    async def post() -> int:
+        return (await hc.post(url, BODY, hdrs, timeout=10)).status
+
+    async def close() -> None:
+        await hc.aclose()
+
+    return post, close
+
+
+async def _claimkit_dispatch(name: str, url: str, conc: int) -> Client:
+    import random
+
+    from claimkit.consumer.dispatch import Done, Target, dispatch, open_http_client
+    from claimkit.protocol.models import Envelope, parse_member
+
+    dc = open_http_client(conc)
+    base, _, path = url.partition("/v1/")
+    target = Target(base, "/v1/" + path)
+    payload = json.loads(BODY)
+    member = json.dumps(
+        {
+            "internal": {},
+            "request_kind": "plain",
+            "data": {"id": "r", "deadline": int(time.time()) + 3600, "payload": payload},
+        }
+    ).encode()
+    env = parse_member(member)
+    assert isinstance(env, Envelope)
+    rng = random.Random(1)
+
+    async def post() -> int:
+        out = await dispatch(dc, env, target, request_timeout=300, now=time.time(), rng=rng)
+        assert isinstance(out, Done)
+        return out.record.status_code or 0
+
+    async def close() -> None:
+        await dc.aclose()
+
+    return post, close
+
+
+async def _raw_floor(name: str, url: str, conc: int) -> Client:
+    import trio
+
+    host, port = url.split("/")[2].split(":")
+    path = "/" + url.split("/", 3)[3]
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
+    idle: list[trio.SocketStream] = []
+
+    async def post() -> int:
+        stream = idle.pop() if idle else await trio.open_tcp_stream(host, int(port))
+        await stream.send_all(request)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += await stream.receive_some(65536)
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"content-length":
+                length = int(v)
+        while len(rest) < length:
+            rest += await stream.receive_some(65536)
+        idle.append(stream)
+        return int(head.split(b" ", 2)[1])
+
+    async def close() -> None:
+        for s in idle:
+            await s.aclose()
+
+    return post, close
+
+
+_CLIENTS: dict[str, Callable[[str, str, int], Awaitable[Client]]] = {
+    "httpx": _httpx,
+    "httpcore": _httpcore,
+    "claimkit-h11": _claimkit_h11,
+    "claimkit-dispatch": _claimkit_dispatch,
+    "raw-floor": _raw_floor,
+}
+
+
 async def one(name: str, url: str, n: int, conc: int) -> dict[str, float]:
     import trio
 
     left = [n]
     statuses: dict[int, int] = {}
-
-    if name.startswith("httpx"):
-        import httpx
-
-        if name == "httpx-default":
-            client = httpx.AsyncClient(timeout=10)
-        elif name == "httpx-claimkit-0.1":
-            client = httpx.AsyncClient(
-                follow_redirects=False,
-                limits=httpx.Limits(
-                    max_connections=conc, max_keepalive_connections=conc, keepalive_expiry=30.0
-                ),
-                timeout=httpx.Timeout(300.0),
-            )
-        else:
-            client = httpx.AsyncClient(
-                timeout=10, limits=httpx.Limits(max_connections=conc, max_keepalive_connections=10)
-            )
-        headers = {"Content-Type": "application/json"}
-
-        async def post() -> int:
-            r = await client.post(url, content=BODY, headers=headers)
-            return r.status_code
-
-        async def close() -> None:
-            await client.aclose()
-
-    elif name == "httpcore":
-        import httpcore
-
-        pool = httpcore.AsyncConnectionPool(max_connections=conc, max_keepalive_connections=conc)
-        hdrs = [(b"Content-Type", b"application/json"), (b"Host", url.split("/")[2].encode())]
-
-        async def post() -> int:
-            r = await pool.request(
-                "POST",
-                url,
-                headers=hdrs,
-                content=BODY,
-                extensions={"timeout": {"connect": 10, "read": 10, "write": 10, "pool": 10}},
-            )
-            return r.status
-
-        async def close() -> None:
-            await pool.aclose()
-
-    elif name == "claimkit-h11":
-        from claimkit.consumer.http import HttpClient
-
-        hc = HttpClient(max_connections=conc)
-        hdrs = [(b"Content-Type", b"application/json")]
-
-        async def post() -> int:
-            return (await hc.post(url, BODY, hdrs, timeout=10)).status
-
-        async def close() -> None:
-            await hc.aclose()
-
-    elif name == "claimkit-dispatch":
-        import random
-
-        from claimkit.consumer.dispatch import Done, Target, dispatch, open_http_client
-        from claimkit.protocol.models import Envelope, parse_member
-
-        dc = open_http_client(conc)
-        base, _, path = url.partition("/v1/")
-        target = Target(base, "/v1/" + path)
-        payload = json.loads(BODY)
-        member = json.dumps(
-            {
-                "internal": {},
-                "request_kind": "plain",
-                "data": {"id": "r", "deadline": int(time.time()) + 3600, "payload": payload},
-            }
-        ).encode()
-        env = parse_member(member)
-        assert isinstance(env, Envelope)
-        rng = random.Random(1)
-
-        async def post() -> int:
-            out = await dispatch(dc, env, target, request_timeout=300, now=time.time(), rng=rng)
-            assert isinstance(out, Done)
-            return out.record.status_code or 0
-
-        async def close() -> None:
-            await dc.aclose()
-
-    elif name == "raw-floor":
-        host, port = url.split("/")[2].split(":")
-        path = "/" + url.split("/", 3)[3]
-        request = (
-            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(BODY)}\r\n\r\n"
-        ).encode() + BODY
-        idle: list[trio.SocketStream] = []
-
-        async def post() -> int:
-            stream = idle.pop() if idle else await trio.open_tcp_stream(host, int(port))
-            await stream.send_all(request)
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                buf += await stream.receive_some(65536)
-            head, _, rest = buf.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                k, _, v = line.partition(b":")
-                if k.strip().lower() == b"content-length":
-                    length = int(v)
-            while len(rest) < length:
-                rest += await stream.receive_some(65536)
-            idle.append(stream)
-            return int(head.split(b" ", 2)[1])
-
-        async def close() -> None:
-            for s in idle:
-                await s.aclose()
-
-    else:
+    family = "httpx" if name.startswith("httpx") else name
+    if family not in _CLIENTS:
         raise SystemExit(f"unknown candidate {name}")
+    post, close = await _CLIENTS[family](name, url, conc)
 
     async def loop() -> None:
         while left[0] > 0:

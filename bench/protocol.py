@@ -43,7 +43,7 @@ from _benchutil import PEERS_DIR, free_port, machine  # noqa: E402
 
 from claimkit.dev.redis_server import RedisServer  # noqa: E402
 from claimkit.protocol.ops import AckItem, QueueOps, new_token  # noqa: E402
-from claimkit.store.api import open_store  # noqa: E402
+from claimkit.store import open_store  # noqa: E402
 
 RUNNER = HERE / "peers_runner.py"
 CLI = [sys.executable, "-c", "from claimkit.cli.app import app; app(prog_name='claimkit')"]

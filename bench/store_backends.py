@@ -22,7 +22,7 @@ import trio
 
 from claimkit.config import ConfigError
 from claimkit.dev.redis_server import RedisServer
-from claimkit.store.api import open_store
+from claimkit.store import open_store
 from claimkit.store.redispy_store import load_backend
 from claimkit.store.scripts import Script
 

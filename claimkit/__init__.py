@@ -20,12 +20,12 @@ from claimkit.protocol.models import Invalid as Invalid
 from claimkit.protocol.models import TerminalRecord as TerminalRecord
 from claimkit.protocol.models import parse_member as parse_member
 from claimkit.protocol.ops import QueueOps as QueueOps
-from claimkit.store.api import Store as Store
-from claimkit.store.api import StoreError as StoreError
-from claimkit.store.api import StorePermissionError as StorePermissionError
-from claimkit.store.api import StoreTlsError as StoreTlsError
-from claimkit.store.api import StoreUnavailable as StoreUnavailable
-from claimkit.store.api import open_store as open_store
+from claimkit.store import Store as Store
+from claimkit.store import StoreError as StoreError
+from claimkit.store import StorePermissionError as StorePermissionError
+from claimkit.store import StoreTlsError as StoreTlsError
+from claimkit.store import StoreUnavailable as StoreUnavailable
+from claimkit.store import open_store as open_store
 
 __version__ = "0.1.0"
 

@@ -11,7 +11,7 @@ from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import MAX_DEADLINE, Invalid, TerminalRecord, parse_member
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Arg, Store
+    from claimkit.store import Arg, Store
 
 __all__ = ["CANCEL_TTL_SECONDS", "Producer", "SubmitError"]
 
@@ -78,7 +78,7 @@ class Producer:
     """Puts requests on a queue and reads their terminal records.
 
     Args:
-        store: an open :class:`~claimkit.store.api.Store`.
+        store: an open :class:`~claimkit.store.Store`.
         queue: the pending ZSET ``<q>``.
         result_list: the list :meth:`results` reads (default ``result-list``).
     """

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from claimkit.dev.redis_server import RedisServer, RedisServerError, _call, find_server_binary
+from claimkit.dev.redis_server import RedisServer, RedisServerError, find_server_binary
+from claimkit.dev.resp_client import call as _call
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

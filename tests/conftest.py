@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from claimkit.dev.redis_server import RedisServer
-from claimkit.store.api import Store, open_store
+from claimkit.store import Store, open_store
 
 RedisFactory = Callable[..., RedisServer]
 

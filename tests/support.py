@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from claimkit.cli.app import app
 from claimkit.config import load_config
-from claimkit.store.api import open_store
+from claimkit.store import open_store
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from typer.testing import Result
 
     from claimkit.config import Config
-    from claimkit.store.api import Arg, ScriptCall, Store
+    from claimkit.store import Arg, ScriptCall, Store
     from claimkit.store.scripts import Script
 
 T = TypeVar("T")

@@ -27,7 +27,7 @@ from claimkit.ops.acl import acl_rule
 from claimkit.producer import Producer
 from claimkit.protocol.models import Envelope, parse_member
 from claimkit.protocol.ops import QueueOps
-from claimkit.store.api import Store, StorePermissionError, open_store
+from claimkit.store import Store, StorePermissionError, open_store
 
 pytestmark = pytest.mark.slow
 

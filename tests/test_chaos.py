@@ -37,7 +37,7 @@ from claimkit.consumer.dispatch import Done, Outcome
 from claimkit.producer import Producer
 from claimkit.protocol.models import Envelope, TerminalRecord, parse_member
 from claimkit.protocol.ops import QueueOps, new_token
-from claimkit.store.api import Store, open_store
+from claimkit.store import Store, open_store
 
 if TYPE_CHECKING:
     from claimkit.config import Config

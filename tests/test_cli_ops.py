@@ -29,12 +29,12 @@ from support import (
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
-from claimkit.cli.ops_commands import watch_queue
+from claimkit.cli.inspect_command import live_watch
 from claimkit.ops.inspect import queue_key_types
 from claimkit.producer import Producer
 from claimkit.protocol.models import Invalid, parse_member
 from claimkit.protocol.ops import QueueOps, new_token
-from claimkit.store.api import Arg, Store, open_store
+from claimkit.store import Arg, Store, open_store
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -235,7 +235,7 @@ async def test_watch_redraws_and_tracks_held_time(store: Store) -> None:
             await store.command(*command)
         out = io.StringIO()
         console = Console(file=out, width=200, force_terminal=False)
-        await watch_queue(
+        await live_watch(
             store,
             Q,
             console=console,
@@ -261,7 +261,7 @@ async def test_watch_shows_an_unreachable_redis_and_keeps_going() -> None:
         url = f"redis://u:s3cret@127.0.0.1:{closed_port()}/0"
         async with open_store(url) as store:
             out = io.StringIO()
-            await watch_queue(
+            await live_watch(
                 store,
                 Q,
                 console=Console(file=out, width=200),
@@ -301,7 +301,7 @@ async def test_watch_marks_the_view_stale_while_redis_is_frozen(redis_factory: A
             for command in claim_commands(Q, "c1", token=TOKEN_A, expiry=2e9, score=1):
                 await store.command(*command)
             nursery.start_soon(
-                lambda: watch_queue(
+                lambda: live_watch(
                     store,
                     Q,
                     console=console,

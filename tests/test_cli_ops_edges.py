@@ -28,8 +28,8 @@ import trio
 from support import StoreWrapper, do, invoke, wait_until
 
 from claimkit.cli.console import format_duration, format_time
-from claimkit.cli.ops_commands import follow_results
-from claimkit.store.api import Arg, Store, StoreUnavailable
+from claimkit.ops.results import follow_results
+from claimkit.store import Arg, Store, StoreUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -36,7 +36,7 @@ from claimkit.protocol.ops import CHUNK, QueueOps, new_token
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from support import config_json
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
-from claimkit.store.api import StoreError, open_store
+from claimkit.store import StoreError, open_store
 from claimkit.store.coredis_store import open_coredis_store
 from claimkit.store.server_checks import ClusterUnsupported
 

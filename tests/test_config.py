@@ -256,6 +256,6 @@ def test_unknown_queue_lookup() -> None:
     ],
 )
 def test_passwords_are_masked(text: str, shown: str) -> None:
-    from claimkit.store.api import redact_url
+    from claimkit.store import redact_url
 
     assert redact_url(text) == shown

@@ -16,7 +16,7 @@ from claimkit.consumer.dispatch import Done, Outcome, Retry
 from claimkit.dev.sim import SimConfig, serve_sim
 from claimkit.producer import Producer
 from claimkit.protocol.models import Envelope, TerminalRecord
-from claimkit.store.api import Store, open_store
+from claimkit.store import Store, open_store
 
 Q = "requests"
 

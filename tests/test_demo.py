@@ -19,7 +19,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
-from claimkit.dev.demo import _Report, _summary_table, run_demo
+from claimkit.dev.demo import run_demo
+from claimkit.dev.demo_report import Report, summary_table
 from claimkit.dev.redis_server import BINARY_ENV, not_found_message
 
 if TYPE_CHECKING:
@@ -47,6 +48,24 @@ def test_demo_refuses_zero_requests() -> None:
 
     assert result.exit_code == 2
     assert "--requests must be at least 1" in result.output
+
+
+def test_demo_without_the_dev_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """httpx (the dev extra) not installed: one line naming the extra, exit 1, no traceback."""
+    monkeypatch.setitem(sys.modules, "httpx", None)  # "not installed"
+    monkeypatch.delitem(sys.modules, "claimkit.dev.demo", raising=False)  # imported afresh
+
+    result = CliRunner().invoke(app, ["demo", "--requests", "5"])
+
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    assert result.stderr == (
+        "claimkit: the demo needs the dev extra (no module 'httpx'): "
+        "pip install 'claimkit[dev]' (from a checkout: pip install '.[dev]')\n"
+    )
+    assert isinstance(result.exception, SystemExit)
 
 
 def test_demo_without_a_server_binary_prints_the_hint_verbatim(
@@ -77,7 +96,7 @@ def test_demo_without_a_server_binary_prints_the_hint_verbatim(
 def test_the_table_says_why_ids_ran_twice_yet_no_duplicate_was_suppressed() -> None:
     """The figures of a real run side by side: 16 executions twice, 0 duplicates
     suppressed, one record per id. The table says why all three are true."""
-    report = _Report(
+    report = Report(
         submitted=300,
         finished=True,
         held_by_a=16,
@@ -92,7 +111,7 @@ def test_the_table_says_why_ids_ran_twice_yet_no_duplicate_was_suppressed() -> N
         ran_twice=16,
     )
     console = Console(width=80, color_system=None, record=True)
-    console.print(_summary_table(report))
+    console.print(summary_table(report))
     text = console.export_text()
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
     lines = text.splitlines()

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from claimkit.config import Config
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 TIMEOUT = 10.0  # absolute cap for every test, seconds
 PREFIX = "Failed to send request to inference: "

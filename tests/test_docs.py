@@ -7,7 +7,7 @@
 - Every metric ``claimkit/consumer/metrics.py`` registers has a row in ``docs/metrics.md`` with its
   exported name and type, every label is listed, and no row names a metric that does not
   exist.
-- Every field ``claimkit/config.py`` accepts has a row in ``docs/configuration.md`` (the
+- Every field ``claimkit/config/parse.py`` accepts has a row in ``docs/configuration.md`` (the
   numeric ones with their default), and every ``claimkit serve`` flag is in its flags table.
 
 The lists come from the code, not from this file, so a new metric, field or flag without a
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import typer
 
-from claimkit import config as _config
 from claimkit.cli.app import app
 from claimkit.config import QueueConfig
+from claimkit.config import parse as _config
 from claimkit.consumer.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from claimkit.cli.app import app
 from claimkit.consumer.serve import _check_eviction
-from claimkit.store.api import open_store
+from claimkit.store import open_store
 
 if TYPE_CHECKING:
     import pytest

@@ -31,7 +31,7 @@ from claimkit.protocol.models import (
     retry_member,
 )
 from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps, move_retries, new_token
-from claimkit.store.api import Store, open_store
+from claimkit.store import Store, open_store
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

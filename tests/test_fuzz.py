@@ -38,7 +38,7 @@ from claimkit.dev.sim import SimConfig, serve_sim
 from claimkit.protocol.models import Invalid, parse_member
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 Q = "{fz}:q"
 DEAD = f"{Q}:dead"

@@ -22,7 +22,7 @@ from claimkit.consumer.consumer import key_roles
 from claimkit.consumer.gates import LocalMaxConcurrencyGate, RedisBudgetGate, make_gate
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 GW = "http://127.0.0.1:9"
 

@@ -44,7 +44,7 @@ from claimkit.protocol.models import (
     retry_member,
 )
 from claimkit.protocol.ops import AckItem, QueueOps, move_retries
-from claimkit.store.api import Store
+from claimkit.store import Store
 
 T = TypeVar("T")
 

@@ -28,7 +28,7 @@ from claimkit.protocol.ops import ClaimCode, QueueOps, new_token
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from claimkit.store.api import Arg, Store
+    from claimkit.store import Arg, Store
 
 Q = "requests"
 TOKEN = "0123456789abcdef" * 2

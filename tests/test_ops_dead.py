@@ -20,7 +20,7 @@ from claimkit.ops.dead import (
 from claimkit.protocol.ops import CHUNK, QueueOps
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 Q = "{t}:jobs"
 DEAD = f"{Q}:dead"

@@ -16,7 +16,7 @@ from claimkit.protocol.ops import CHUNK
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from claimkit.store.api import Arg, Store
+    from claimkit.store import Arg, Store
     from claimkit.store.scripts import Script
 
 Q = "jobs"

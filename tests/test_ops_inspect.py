@@ -25,7 +25,7 @@ from claimkit.ops.inspect import (
 from claimkit.protocol.ops import new_token
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 Q = "{tenant-a}:requests"
 TOKEN_A = "a" * 32

@@ -13,7 +13,7 @@ from claimkit.cli.app import app
 from claimkit.protocol.models import TerminalRecord
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 DEEP = b"[" * 100_000  # json.loads raises RecursionError, not ValueError
 

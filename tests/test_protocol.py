@@ -40,7 +40,7 @@ from claimkit.protocol.ops import (
     new_token,
     token_time,
 )
-from claimkit.store.api import Arg, ScriptCall, Store, StoreError
+from claimkit.store import Arg, ScriptCall, Store, StoreError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

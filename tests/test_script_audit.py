@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from claimkit.protocol.keys import QueueKeys
-from claimkit.store.api import Arg, Store, StoreError, open_store
+from claimkit.store import Arg, Store, StoreError, open_store
 from claimkit.store.scripts import all_scripts
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ from support import StoreWrapper, member, server_now
 
 from claimkit.protocol.models import Envelope, Invalid, TerminalRecord, parse_member
 from claimkit.protocol.ops import AckItem, QueueOps, move_retries
+from claimkit.store import Arg, ScriptCall, Store, StoreError
 from claimkit.store import scripts as _scripts
-from claimkit.store.api import Arg, ScriptCall, Store, StoreError
 from claimkit.store.scripts import Script, ScriptError, all_scripts, script
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from claimkit.consumer.serve import _preflight
 from claimkit.ops.inspect import WrongKeyType
 from claimkit.producer import Producer
 from claimkit.protocol.models import Envelope, TerminalRecord
-from claimkit.store.api import Store, open_store
+from claimkit.store import Store, open_store
 
 CLAIMKIT = str(Path(sys.executable).with_name("claimkit"))
 Q = "wq"
@@ -272,7 +272,7 @@ def test_serve_process_exits_1_when_a_key_turns_wrong_while_running(
     at its score (run once, not once per lease)."""
 
     async def main() -> None:
-        from claimkit.store.api import open_store
+        from claimkit.store import open_store
 
         async with open_store(redis_url) as store:
             log = tmp_path / "serve.log"

@@ -24,7 +24,7 @@ from support import deadline, free_port, wait_port
 from claimkit.consumer.serve import _EarlySignals
 from claimkit.dev.redis_server import RedisServer
 from claimkit.producer import Producer
-from claimkit.store.api import Store, open_store
+from claimkit.store import Store, open_store
 
 pytestmark = pytest.mark.slow
 

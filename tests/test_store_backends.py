@@ -26,7 +26,7 @@ from claimkit.dev.redis_server import RedisServer
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import Envelope, TerminalRecord, parse_member
 from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps
-from claimkit.store.api import Arg, ScriptCall, Store, StoreError, StoreUnavailable, open_store
+from claimkit.store import Arg, ScriptCall, Store, StoreError, StoreUnavailable, open_store
 from claimkit.store.redispy_store import load_backend
 from claimkit.store.scripts import Script
 

@@ -31,7 +31,7 @@ from claimkit.protocol.models import (
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 T = TypeVar("T")
 Q = "sq"

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from claimkit.cli.app import app
 from claimkit.config import ConfigError, load_config
 from claimkit.dev.redis_server import RedisServer, RedisServerError
-from claimkit.store.api import StoreError, StoreTlsError, StoreUnavailable, open_store
+from claimkit.store import StoreError, StoreTlsError, StoreUnavailable, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -357,9 +357,9 @@ def test_a_tls_file_bad_at_connect_time_is_a_tls_error(
 ) -> None:
     """A file that turned bad after the URL was checked (the clients load the files when
     they build their TLS context): the store still raises one named line."""
-    from claimkit.store.api import tls_settings
     from claimkit.store.coredis_store import open_coredis_store
     from claimkit.store.redispy_store import open_redispy_store
+    from claimkit.store.tls import tls_settings
 
     port = tls_redis(redis_factory, certs, auth_clients=True)
     url, line = bad_file(case, certs, port)

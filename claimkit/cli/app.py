@@ -11,11 +11,12 @@ import logging
 import os
 import sys
 from importlib.metadata import version as package_version
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from claimkit.cli.common import (
+    Interrupt,
     QueueName,
     RedisUrl,
     TransportConfig,
@@ -23,9 +24,12 @@ from claimkit.cli.common import (
     config_from,
     fail,
     flow_help,
-    run,
+    run_to_end,
     usage_error,
 )
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
 
 app = typer.Typer(
     name="claimkit",
@@ -189,7 +193,7 @@ def serve(
         logging.getLogger("coredis").setLevel(logging.WARNING)
     from claimkit.consumer.serve import serve_forever
 
-    summary = run(
+    summary = run_to_end(
         lambda: serve_forever(config, backend=store_backend, allow_eviction=allow_eviction),
         url=config.url,
     )
@@ -199,6 +203,19 @@ def serve(
 def _no_constant(name: str) -> Any:
     """``json.loads`` accepts ``NaN`` and ``Infinity``; JSON (and the consumer) does not."""
     raise ValueError(f"{name} is not a JSON value")
+
+
+def _parse_request(line: str, n: int | None) -> Any:
+    """One request's JSON, or exit with one line naming line ``n`` (``None``: the argument)."""
+    bad = "the request is not valid JSON" if n is None else f"line {n}: not valid JSON"
+    try:
+        return json.loads(line, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        fail(f"{bad}: {exc.msg} at column {exc.colno}")
+    except ValueError as exc:  # NaN/Infinity, or an int of more digits than Python converts
+        fail(f"{bad}: {exc}".split(";")[0])
+    except RecursionError:
+        fail(f"{bad}: nested too deeply")
 
 
 @app.command()
@@ -251,35 +268,23 @@ def submit(
     def where(n: int) -> str:
         return f"line {n}: " if from_lines else ""
 
-    docs: list[Any] = []
-    for n, line in numbered:
-        bad = f"line {n}: not valid JSON" if from_lines else "the request is not valid JSON"
-        try:
-            docs.append(json.loads(line, parse_constant=_no_constant))
-        except json.JSONDecodeError as exc:
-            fail(f"{bad}: {exc.msg} at column {exc.colno}")
-        except ValueError as exc:  # NaN/Infinity, or an int of more digits than Python converts
-            fail(f"{bad}: {exc}".split(";")[0])
-        except RecursionError:
-            fail(f"{bad}: nested too deeply")
+    docs = [_parse_request(line, n if from_lines else None) for n, line in numbered]
     if not docs:
         sys.stderr.write("claimkit: nothing submitted: the input holds no requests\n")
         return
 
-    async def go() -> list[str]:
-        from claimkit.producer import Producer, SubmitError
-        from claimkit.store.api import open_store
+    from claimkit.cli.runner import with_store
+    from claimkit.producer import Producer, SubmitError
 
-        async with open_store(config.url) as store:
-            producer = Producer(store, queue)
-            try:
-                return await producer.submit_many(docs)
-            except SubmitError as exc:
-                if exc.index is None:
-                    raise
-                raise SubmitError(f"{where(numbered[exc.index][0])}{exc}") from None
+    async def go(store: Store) -> list[str]:
+        try:
+            return await Producer(store, queue).submit_many(docs)
+        except SubmitError as exc:
+            if exc.index is None:
+                raise
+            raise SubmitError(f"{where(numbered[exc.index][0])}{exc}") from None
 
-    for token in run(go, url=config.url):
+    for token in with_store(config, go, interrupt=Interrupt.RAISE):
         typer.echo(token)
 
 
@@ -341,8 +346,12 @@ def demo(
 
         claimkit demo --requests 300
     """
-    from claimkit.dev.demo import run_demo
+    from claimkit.dev import DevExtraMissing
 
+    try:
+        from claimkit.dev.demo import run_demo
+    except DevExtraMissing as exc:  # only that: any other ImportError is a bug and surfaces
+        fail(str(exc))
     raise typer.Exit(run_demo(requests=requests, keep=keep))
 
 

@@ -7,18 +7,18 @@ stderr and exit status 1, never a traceback. Passwords in Redis URLs are never p
 
 from __future__ import annotations
 
+import enum
 import inspect
 import json
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import trio
 import typer
 
 from claimkit.config import Config, ConfigError, has_password, load_config
 from claimkit.producer import SubmitError
-from claimkit.store.api import (
+from claimkit.store import (
     CLIENT_CERT_HINT,
     StoreError,
     StorePermissionError,
@@ -27,6 +27,9 @@ from claimkit.store.api import (
     redact_url,
 )
 from claimkit.store.server_checks import ClusterUnsupported
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 T = TypeVar("T")
 
@@ -59,6 +62,12 @@ RedisUrl = Annotated[
     ),
 ]
 QueueName = Annotated[str, typer.Option("--queue", "-q", help="The queue (pending ZSET) name.")]
+Queue = Annotated[
+    str,
+    typer.Option("--queue", "-q", help="The queue (pending ZSET) name.", show_default=False),
+]
+"""``--queue`` of the operator commands: required, so no default is shown."""
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of text.")]
 
 
 EXIT_OK = 0
@@ -148,7 +157,57 @@ def _operator_error(exc: BaseException) -> BaseException | None:
     return None
 
 
-def run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
+class Interrupt(enum.Enum):
+    """What Ctrl-C (``KeyboardInterrupt``, also inside an exception group) means to :func:`run`."""
+
+    RAISE = "raise"
+    """Not handled here: it propagates to click (``Aborted!``, exit status 1). ``serve``
+    handles SIGINT itself (a drain); ``submit`` writes in one transaction."""
+    STOP = "stop"
+    """The normal way to stop (``--watch``, ``--follow``): the command ends quietly, 0."""
+    FAIL = "fail"
+    """The command stops undone: one line and :data:`EXIT_INTERRUPTED`. Every change is
+    made by atomic scripts in batches, so the batches finished stay done and the rest
+    untouched; running it again finishes."""
+
+
+_INTERRUPTED = "interrupted; batches already done stay done, run it again to finish"
+
+
+def run(
+    fn: Callable[[], Awaitable[T]], *, url: str, interrupt: Interrupt = Interrupt.RAISE
+) -> T | None:
+    """``trio.run(fn)``, turning Redis and input errors into one line and exit status 1,
+    and Ctrl-C as ``interrupt`` says. Returns ``fn``'s result; ``None`` only when
+    ``interrupt`` is :attr:`Interrupt.STOP` and Ctrl-C stopped it.
+
+    Raises:
+        typer.Exit: after the one line, with :data:`EXIT_FAILED` or :data:`EXIT_INTERRUPTED`.
+    """
+    try:
+        return _run_reporting_errors(fn, url=url)
+    except KeyboardInterrupt:
+        if interrupt is Interrupt.RAISE:
+            raise
+    except BaseExceptionGroup as group:
+        _, rest = group.split(KeyboardInterrupt)
+        if rest is not None or interrupt is Interrupt.RAISE:
+            raise
+    if interrupt is Interrupt.FAIL:
+        fail(_INTERRUPTED, EXIT_INTERRUPTED)
+    return None
+
+
+def run_to_end(
+    fn: Callable[[], Awaitable[T]], *, url: str, interrupt: Interrupt = Interrupt.RAISE
+) -> T:
+    """:func:`run` for a command whose result is always there (``interrupt`` is not
+    :attr:`Interrupt.STOP`)."""
+    assert interrupt is not Interrupt.STOP
+    return cast("T", run(fn, url=url, interrupt=interrupt))
+
+
+def _run_reporting_errors(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
     """``trio.run(fn)``, turning Redis and input errors into one line and exit status 1."""
     try:
         return trio.run(fn)
@@ -156,20 +215,25 @@ def run(fn: Callable[[], Awaitable[T]], *, url: str) -> T:
         found = _operator_error(exc)
         if found is None:
             raise
-        if isinstance(found, StoreUnavailable):
-            hint = ""
-            if url.startswith("rediss://") and "ssl_certfile=" not in url:
-                hint = f" ({CLIENT_CERT_HINT})"
-            fail(f"Redis at {redact_url(url)} is unavailable: {found}{hint}")
-        if isinstance(found, StoreTlsError):
-            fail(f"Redis at {redact_url(url)}: {found} (docs/security.md)")
-        if isinstance(found, StorePermissionError):
-            fail(f"Redis at {redact_url(url)} refused a command under its ACL: {found}")
-        if isinstance(found, ClusterUnsupported):
-            fail(str(found))  # one line that names the URL already
-        if isinstance(found, StoreError):
-            fail(f"Redis at {redact_url(url)} {_auth_hint(str(found))}: {found}")
-        fail(str(found))
+        fail(_operator_message(found, url))
+
+
+def _operator_message(found: BaseException, url: str) -> str:
+    """The one line that says what an operator-facing error means."""
+    if isinstance(found, StoreUnavailable):
+        hint = ""
+        if url.startswith("rediss://") and "ssl_certfile=" not in url:
+            hint = f" ({CLIENT_CERT_HINT})"
+        return f"Redis at {redact_url(url)} is unavailable: {found}{hint}"
+    if isinstance(found, StoreTlsError):
+        return f"Redis at {redact_url(url)}: {found} (docs/security.md)"
+    if isinstance(found, StorePermissionError):
+        return f"Redis at {redact_url(url)} refused a command under its ACL: {found}"
+    if isinstance(found, ClusterUnsupported):
+        return str(found)  # one line that names the URL already
+    if isinstance(found, StoreError):
+        return f"Redis at {redact_url(url)} {_auth_hint(str(found))}: {found}"
+    return str(found)
 
 
 def _auth_hint(message: str) -> str:

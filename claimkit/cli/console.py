@@ -1,5 +1,5 @@
 """Everything ``rich`` draws for the operator commands: tables, the live view, the progress
-bar (docs/cli.md). The only module besides ``_cli.py`` allowed to import ``rich``.
+bar (docs/cli.md). The only module of the CLI that imports ``rich``.
 
 Renderers take plain data (:class:`~claimkit.ops.inspect.QueueSnapshot`,
 :class:`~claimkit.ops.dead.DeadLetter`) and return rich renderables; the CLI decides where
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -22,6 +21,8 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+
     from claimkit.ops.dead import DeadLetter, DeathCause
     from claimkit.ops.inspect import ClaimRow, QueueSnapshot
 

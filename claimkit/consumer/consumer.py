@@ -55,12 +55,12 @@ from claimkit.protocol.ops import (
     new_token,
     orphans_message,
 )
-from claimkit.store.api import StoreError, StorePermissionError, StoreUnavailable
+from claimkit.store import StoreError, StorePermissionError, StoreUnavailable
 
 if TYPE_CHECKING:
     from claimkit.config import Config, QueueConfig
     from claimkit.consumer.http import HttpClient
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["Consumer", "Handler", "KeyRole", "QueueRuntime", "Summary", "check_keys", "key_roles"]
 
@@ -554,7 +554,7 @@ class Consumer:
 
         Two refusals are of that kind:
 
-        - an ACL refusal (:class:`~claimkit.store.api.StorePermissionError`, ``NOPERM``): the
+        - an ACL refusal (:class:`~claimkit.store.StorePermissionError`, ``NOPERM``): the
           user may not run a command or touch a key the consumer needs; every retry would
           be refused the same way, with claims renewed and never finished. The line names
           the user, the command and the key (docs/security.md).

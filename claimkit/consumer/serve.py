@@ -17,7 +17,7 @@ import trio
 from claimkit.config import Config, ConfigError
 from claimkit.consumer.consumer import Consumer, Summary, check_keys, key_roles
 from claimkit.consumer.health import HttpBindError, serve_http
-from claimkit.store.api import Store, StoreUnavailable, open_store
+from claimkit.store import Store, StoreUnavailable, open_store
 from claimkit.store.server_checks import eviction_policy
 
 __all__ = ["serve_forever"]

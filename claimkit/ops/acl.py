@@ -6,11 +6,11 @@ Three roles, each the commands and keys of the claimkit commands it runs:
 - ``producer``: ``claimkit submit``, ``cancel`` and ``results`` (``Producer``).
 - ``operator``: ``inspect``, ``drain``, ``reclaim``, ``dead``, ``results``, ``cancel``.
 
-Every key pattern comes from the key builder (:mod:`claimkit.protocol.keys`) and the gate builder
-(:func:`claimkit.consumer.gates.make_gate`), and the commands a role's Lua scripts call are read
-from the scripts themselves, so the rule follows the code. A record a request routes to a
-list of its own (``internal.result_queue_name``) needs that list granted too
-(``extra_lists``). See ``docs/security.md``.
+Every key pattern comes from the key builder (:mod:`claimkit.protocol.keys`) and the gate
+parameters (:func:`claimkit.config.gate_params.budget_key`), and the commands a role's Lua
+scripts call are read from the scripts themselves, so the rule follows the code. A record a
+request routes to a list of its own (``internal.result_queue_name``) needs that list granted
+too (``extra_lists``). See ``docs/security.md``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from claimkit.config import Config
-from claimkit.consumer.gates import budget_key
+from claimkit.config.gate_params import budget_key
 from claimkit.protocol import keys as _keys
 from claimkit.store.scripts import script
 

@@ -29,7 +29,7 @@ from claimkit.protocol.ops import CHUNK
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Arg, Store
+    from claimkit.store import Arg, Store
 
 __all__ = [
     "CAUSE_INVALID",

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from claimkit.protocol.ops import CHUNK, QueueOps
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = ["DrainReport", "drain_claims", "list_claim_ids"]
 
@@ -103,7 +103,7 @@ async def drain_claims(
     Raises:
         ValueError: ``batch_size`` < 1.
         StoreUnavailable, StoreError: from the store; batches already done stay done. A
-            user without ``MULTI`` gets :class:`~claimkit.store.api.StorePermissionError` at
+            user without ``MULTI`` gets :class:`~claimkit.store.StorePermissionError` at
             the first batch's read, before any claim is released.
 
     Cancellation: each batch is atomic in Redis; a cancelled drain leaves earlier batches
@@ -122,28 +122,42 @@ async def drain_claims(
             [("HMGET", ops.keys.owners, *batch), ("ZMSCORE", ops.keys.index, *batch)],
             transaction=True,
         )
-        claims: list[tuple[str, str, float | None]] = []
-        for rid, owner, expiry in zip(batch, owners, expiries, strict=True):
-            if expiry is None and owner is not None:
-                claims.append((rid, owner.decode(), None))  # an orphan: fenced by token only
-            elif expiry is None:
-                report.gone += 1
-            elif owner is None:
-                report.ghosts += 1
-            else:
-                claims.append((rid, owner.decode(), float(expiry)))
+        claims = _fenced_claims(batch, owners, expiries, report)
         if dry_run:
             report.released += len(claims)
         elif claims:
-            for code in await ops.release(claims):
-                if code == 1:
-                    report.released += 1
-                elif code == 0:
-                    report.gone += 1
-                elif code == -1:
-                    report.other_owner += 1
-                else:
-                    report.renewed += 1
+            _count_released(await ops.release(claims), report)
         if progress is not None:
             progress(len(batch))
     return report
+
+
+def _fenced_claims(
+    batch: list[str], owners: list[Any], expiries: list[Any], report: DrainReport
+) -> list[tuple[str, str, float | None]]:
+    """The ``(id, owner token, lease expiry)`` of each claim of ``batch`` still held, as
+    read in one ``MULTI``; ids whose claim is gone or a ghost are counted in ``report``."""
+    claims: list[tuple[str, str, float | None]] = []
+    for rid, owner, expiry in zip(batch, owners, expiries, strict=True):
+        if expiry is None and owner is not None:
+            claims.append((rid, owner.decode(), None))  # an orphan: fenced by token only
+        elif expiry is None:
+            report.gone += 1
+        elif owner is None:
+            report.ghosts += 1
+        else:
+            claims.append((rid, owner.decode(), float(expiry)))
+    return claims
+
+
+def _count_released(codes: list[int], report: DrainReport) -> None:
+    """Count the release script's reply per claim (docs/protocol.md#release-and-sweep)."""
+    for code in codes:
+        if code == 1:
+            report.released += 1
+        elif code == 0:
+            report.gone += 1
+        elif code == -1:
+            report.other_owner += 1
+        else:
+            report.renewed += 1

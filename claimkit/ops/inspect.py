@@ -23,7 +23,7 @@ from claimkit.protocol.ops import token_time
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store import Store
 
 __all__ = [
     "CLAIM_SCAN_MAX",

@@ -23,7 +23,7 @@ from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecor
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Arg, Store
+    from claimkit.store import Arg, Store
 
 __all__ = [
     "CHUNK",
@@ -206,8 +206,8 @@ class QueueOps:
             back to a claim without a lease entry (docs/protocol.md, "Claims without a
             lease entry").
 
-    Every method raises :class:`~claimkit.store.api.StoreUnavailable` or
-    :class:`~claimkit.store.api.StoreError` as the store does. A chunk that raised may or may
+    Every method raises :class:`~claimkit.store.StoreUnavailable` or
+    :class:`~claimkit.store.StoreError` as the store does. A chunk that raised may or may
     not have been applied; every script is safe to run again (docs/protocol.md#claim-protocol).
     """
 

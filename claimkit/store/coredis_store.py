@@ -1,4 +1,4 @@
-"""The default store: coredis on trio, through anyio (see :mod:`claimkit.store.api`)."""
+"""The default store: coredis on trio, through anyio (see :mod:`claimkit.store`)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,18 @@ from coredis.commands.request import CommandRequest
 from coredis.response._callbacks import NoopCallback
 from coredis.retry import NoRetryPolicy
 
-from claimkit.store.api import (
-    ACL_LOG_ENTRIES,
+from claimkit.store.acl_refusals import ACL_LOG_ENTRIES, acl_user, is_acl_refusal, permission_error
+from claimkit.store.interface import (
     Arg,
     ScriptCall,
     StoreError,
     StorePermissionError,
     StoreTlsError,
     StoreUnavailable,
-    acl_user,
-    check_keys,
-    is_acl_refusal,
-    permission_error,
-    redact_url,
-    run_pipelined,
-    tls_file_error,
-    tls_problem,
 )
+from claimkit.store.redact import redact_url
+from claimkit.store.script_calls import check_keys, run_pipelined
+from claimkit.store.tls import tls_file_error, tls_problem
 
 if TYPE_CHECKING:
     from claimkit.store.scripts import Script
@@ -93,7 +88,7 @@ def _with_cluster_code(exc: BaseException, text: str) -> str:
 
 
 class CoredisStore:
-    """:class:`claimkit.store.api.Store` on a ``coredis.Redis`` client."""
+    """:class:`claimkit.store.Store` on a ``coredis.Redis`` client."""
 
     def __init__(self, client: coredis.Redis[bytes], url: str) -> None:
         self._client = client

@@ -6,7 +6,7 @@ an alternative to the default coredis store (:mod:`claimkit.store.coredis_store`
 ``pip install 'claimkit[redispy]'`` and Python <= 3.13: trio-asyncio does not import on
 Python 3.14 (trio-asyncio issue #160).
 
-Replies are the same raw values the coredis store returns (see :mod:`claimkit.store.api`):
+Replies are the same raw values the coredis store returns (see :mod:`claimkit.store`):
 the client speaks RESP3, like coredis, and every redis-py response callback is removed, so
 ``HGETALL`` is a ``dict`` of bytes, ``ZRANGE ... WITHSCORES`` a list of ``[member, score]``
 pairs with float scores, ``SET`` is ``b"OK"``, script replies are untouched.
@@ -30,24 +30,19 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from claimkit.config import ConfigError
-from claimkit.store.api import (
-    ACL_LOG_ENTRIES,
+from claimkit._errors import ConfigError
+from claimkit.store.acl_refusals import ACL_LOG_ENTRIES, acl_user, is_acl_refusal, permission_error
+from claimkit.store.interface import (
     Arg,
     ScriptCall,
     StoreError,
     StorePermissionError,
     StoreTlsError,
     StoreUnavailable,
-    acl_user,
-    check_keys,
-    is_acl_refusal,
-    permission_error,
-    redact_url,
-    run_pipelined,
-    tls_file_error,
-    tls_problem,
 )
+from claimkit.store.redact import redact_url
+from claimkit.store.script_calls import check_keys, run_pipelined
+from claimkit.store.tls import tls_file_error, tls_problem
 
 if TYPE_CHECKING:
     from claimkit.store.scripts import Script
@@ -102,7 +97,7 @@ def load_backend(version: tuple[int, int] = (sys.version_info[0], sys.version_in
 
 
 class RedispyStore:
-    """:class:`claimkit.store.api.Store` on a ``redis.asyncio.Redis`` client.
+    """:class:`claimkit.store.Store` on a ``redis.asyncio.Redis`` client.
 
     Every call is one asyncio task on the store's trio-asyncio loop, awaited from the
     calling trio task; the loop is passed explicitly, so any task of the trio run may use
@@ -177,7 +172,7 @@ class RedispyStore:
         return await self._client.execute_command("ACL", "LOG", ACL_LOG_ENTRIES)
 
     async def command(self, *args: Arg) -> Any:
-        """Run one command; the raw reply (see :class:`claimkit.store.api.Store`)."""
+        """Run one command; the raw reply (see :class:`claimkit.store.Store`)."""
         return await self._explained(self._client.execute_command, [args], *args)
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
@@ -276,7 +271,7 @@ class RedispyStore:
 
     async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run ``script`` once per ``(keys, args)`` call in one round trip (see
-        :meth:`claimkit.store.api.Store.run_many`).
+        :meth:`claimkit.store.Store.run_many`).
 
         Raises:
             ValueError: a call's ``len(keys) != script.numkeys``; nothing is sent.
@@ -335,7 +330,7 @@ async def open_redispy_store(
     A Redis that is down at start-up is not an error here: the first command reports it.
 
     Args:
-        url: a Redis URL, already checked by :func:`claimkit.store.api.check_url`.
+        url: a Redis URL, already checked by :func:`claimkit.store.check_url`.
         shown: the URL as the user gave it (``url`` with claimkit's TLS defaults added
             is what connects), for :attr:`RedispyStore.url`.
         timeout: seconds allowed for connecting and for each reply (a blocking command's

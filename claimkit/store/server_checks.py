@@ -1,6 +1,6 @@
 """What claimkit checks about the Redis server itself: not a cluster, and not evicting.
 
-Every command opens Redis through :func:`claimkit.store.api.open_store`, which wraps the
+Every command opens Redis through :func:`claimkit.store.open_store`, which wraps the
 store in :class:`StandaloneOnly`: before the first command reaches Redis it asks ``INFO``
 whether the server is a Redis Cluster node, and refuses with :class:`ClusterUnsupported`
 (one line) when it is. claimkit's scripts touch per-request keys that a cluster keeps on
@@ -18,10 +18,10 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from claimkit.store.api import Arg, ScriptCall, StoreError
+from claimkit.store.interface import Arg, ScriptCall, StoreError
 
 if TYPE_CHECKING:
-    from claimkit.store.api import Store
+    from claimkit.store.interface import Store
     from claimkit.store.scripts import Script
 
 __all__ = [
@@ -71,7 +71,7 @@ def _refused(exc: StoreError) -> bool:
 
 
 class StandaloneOnly:
-    """A :class:`~claimkit.store.api.Store` that refuses to talk to a Redis Cluster node.
+    """A :class:`~claimkit.store.Store` that refuses to talk to a Redis Cluster node.
 
     The first call (of any method) first runs ``INFO``; ``cluster_enabled:1`` raises
     :class:`ClusterUnsupported` before that call is sent, and so does every later call.

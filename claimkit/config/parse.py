@@ -1,4 +1,4 @@
-"""Configuration: the llm-d-async ``redis-sortedset`` transport JSON plus flags.
+"""Reading the configuration: the llm-d-async ``redis-sortedset`` transport JSON plus flags.
 
 Every field and flag: docs/configuration.md.
 
@@ -17,86 +17,16 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
-from claimkit.consumer.gates import check_gate_address, check_gate_params
-from claimkit.store.api import check_url
+from claimkit._errors import ConfigError
+from claimkit.config.gate_params import GATE_TYPES, check_gate_address, check_gate_params
+from claimkit.config.model import DEFAULT_MAX_DELIVERIES, MAX_NUMBER, Config, QueueConfig
+from claimkit.store.urls import check_url
 
-__all__ = ["Config", "ConfigError", "QueueConfig", "load_config"]
-
-DEFAULT_MAX_DELIVERIES = 10
-MAX_NUMBER = 2**31 - 1
-"""The largest value any numeric field takes (24.8 days in ms, 68 years in seconds)."""
-GATE_TYPES = ("constant", "redis", "local-max-concurrency")
-
-
-class ConfigError(ValueError):
-    """The configuration is unusable; ``str(err)`` is one line naming the field."""
-
-
-@dataclass(frozen=True, slots=True)
-class QueueConfig:
-    """One entry of ``queues[]`` (docs/configuration.md)."""
-
-    queue_name: str
-    igw_base_url: str
-    id: str = ""
-    request_path_url: str = "/v1/completions"
-    inference_objective: str | None = None
-    result_queue_name: str | None = None
-    gate_type: str = "constant"
-    gate_params: dict[str, Any] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def queue_id(self) -> str:
-        return self.id or self.queue_name
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    """The whole consumer configuration. Units are in the field names (docs/configuration.md).
-
-    ``max_deliveries`` follows docs/protocol.md#reclaim: 0 means unlimited (not "the default").
-    """
-
-    url: str
-    queues: tuple[QueueConfig, ...]
-    result_queue_name: str = "result-list"
-    retry_queue_name: str = "retry-sortedset"
-    poll_interval_ms: int = 1000
-    batch_size: int = 10
-    claim_lease_ttl_seconds: float = 300.0
-    claim_reclaim_interval_ms: int = 15000
-    result_dedup_ttl_seconds: int = 21600
-    max_deliveries: int = DEFAULT_MAX_DELIVERIES
-    concurrency: int = 64
-    request_timeout_seconds: float = 300.0
-    drain_timeout_seconds: float = 10.0
-    metrics_port: int = 9090
-    health_port: int = 8081
-    http_host: str = "0.0.0.0"
-    """The IP address the metrics and health servers bind (docs/operations.md)."""
-    http_idle_timeout_seconds: float = 5.0
-    http_max_connections: int = 512
-    unknown_fields: tuple[str, ...] = ()
-    """Fields of the JSON claimkit does not know (ignored; the CLI warns about each)."""
-
-    @property
-    def heartbeat_interval_seconds(self) -> float:
-        """``clamp(claim_lease_ttl / 3, 1 s, 30 s)`` (docs/protocol.md#heartbeat)."""
-        return min(30.0, max(1.0, self.claim_lease_ttl_seconds / 3))
-
-    def queue(self, name: str) -> QueueConfig:
-        """The queue called ``name``. Raises :class:`ConfigError` if it is not configured."""
-        for q in self.queues:
-            if q.queue_name == name:
-                return q
-        known = ", ".join(q.queue_name for q in self.queues) or "none"
-        raise ConfigError(f"unknown queue {name!r} (configured: {known})")
+__all__ = ["has_password", "load_config"]
 
 
 # Numeric fields: (type, default). 0 means the default (docs/configuration.md), except
@@ -328,6 +258,20 @@ def load_config(
     Raises:
         ConfigError: one line naming the bad field or file.
     """
+    raw = _read_json(inline, path)
+    unknown = _unknown_fields(raw)
+    merged: dict[str, Any] = {k: v for k, v in (flags or {}).items() if v is not None}
+    merged.update({k: v for k, v in raw.items() if v is not None})
+    env = os.environ if environ is None else environ
+    url = _redis_url(raw, merged, env)
+    values = _values(merged)
+    queues = _queues(merged, url, require_queues=require_queues)
+    return Config(url=url, queues=queues, unknown_fields=tuple(unknown), **values)
+
+
+def _read_json(inline: str | None, path: str | Path | None) -> dict[str, Any]:
+    """The transport JSON object, from ``inline`` text or the file ``path`` (``{}`` when
+    neither is given or the text is blank)."""
     if inline is not None and path is not None:
         raise ConfigError("--transport-config and --transport-config-file are mutually exclusive")
     text, source = inline, "--transport-config"
@@ -344,15 +288,22 @@ def load_config(
             ) from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{source} must hold a JSON object")
+    return raw
+
+
+def _unknown_fields(raw: dict[str, Any]) -> list[str]:
+    """The fields of the JSON claimkit does not read (top level, per queue, per gate)."""
     unknown = [k for k in raw if k not in _TOP_LEVEL]
     for i, q in enumerate(raw.get("queues") or []):
         if isinstance(q, dict):
             unknown += [f"queues[{i}].{k}" for k in q if k not in _QUEUE_FIELDS]
             unknown += _unknown_gate_params(i, q)
-    merged: dict[str, Any] = {k: v for k, v in (flags or {}).items() if v is not None}
-    merged.update({k: v for k, v in raw.items() if v is not None})
+    return unknown
 
-    env = os.environ if environ is None else environ
+
+def _redis_url(raw: dict[str, Any], merged: dict[str, Any], env: Mapping[str, str]) -> str:
+    """The checked Redis URL, with the password of the environment put in (module docstring
+    for where it comes from)."""
     if raw.get("url") is not None and raw.get("url_file") is not None:
         raise ConfigError("url and url_file are mutually exclusive: give one")
     url = raw.get("url")
@@ -371,8 +322,11 @@ def load_config(
         check_url(url)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    url = _with_password(url, env)
+    return _with_password(url, env)
 
+
+def _values(merged: dict[str, Any]) -> dict[str, Any]:
+    """The numeric, list-name and ``http_host`` fields that are set, checked."""
     values: dict[str, Any] = {}
     for name in _NUMERIC:
         if name in merged:
@@ -380,10 +334,14 @@ def load_config(
     for name in ("result_queue_name", "retry_queue_name"):
         if name in merged:
             values[name] = _string(name, merged[name], required=True)
-
     if "http_host" in merged:
         values["http_host"] = _ip_address("http_host", merged["http_host"])
+    return values
 
+
+def _queues(merged: dict[str, Any], url: str, *, require_queues: bool) -> tuple[QueueConfig, ...]:
+    """The checked ``queues[]``: each one's fields, its gate's ``address`` against ``url``,
+    and no name or id listed twice."""
     queues_raw = merged.get("queues", [])
     if not isinstance(queues_raw, list):
         raise ConfigError("queues must be a list")
@@ -404,5 +362,4 @@ def load_config(
             raise ConfigError(f"queue id {q.queue_id!r} is listed twice")
         seen_names.add(q.queue_name)
         seen_ids.add(q.queue_id)
-
-    return Config(url=url, queues=queues, unknown_fields=tuple(unknown), **values)
+    return queues

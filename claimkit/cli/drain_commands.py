@@ -1,0 +1,164 @@
+"""``claimkit drain`` and ``claimkit reclaim`` (docs/cli.md): claims back to pending."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from claimkit.cli.common import (
+    JsonOut,
+    Queue,
+    RedisUrl,
+    TransportConfig,
+    TransportConfigFile,
+    config_from,
+    fail,
+    usage_error,
+)
+from claimkit.cli.runner import console, resolve_queue, show, with_store
+
+if TYPE_CHECKING:
+    from claimkit.ops.drain import DrainReport
+    from claimkit.ops.inspect import QueueSnapshot
+    from claimkit.store import Store
+
+__all__ = ["drain", "reclaim"]
+
+
+def drain(
+    queue: Queue,
+    release_all: Annotated[
+        bool,
+        typer.Option("--release-all", help="Hand every claim back to pending (required)."),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be released; change nothing.")
+    ] = False,
+    batch_size: Annotated[
+        int, typer.Option(min=1, help="Claims per Redis round trip and release script call.")
+    ] = 500,
+    limit: Annotated[
+        int, typer.Option(min=0, help="With --dry-run: at most this many rows (0 = all).")
+    ] = 50,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Hand every claim of a queue back to pending at its original score.
+
+    Each claim is released fenced by the owner token and lease expiry read just before, in
+    batches: a claim acked, reclaimed or renewed meanwhile is left alone and counted. Safe
+    while consumers run (their heartbeat drops the released work) and safe to run twice.
+    Shows a progress bar on a terminal and ends with one count line. --dry-run shows the
+    first --limit claims (earliest lease expiry first) and counts every claim in batches
+    of --batch-size, as a real drain would read them; the table states no total of its
+    own, so the two cannot disagree while consumers claim and ack.
+
+    Example:
+
+        claimkit drain --redis-url redis://127.0.0.1:6379/0 -q requests \\
+          --release-all --dry-run
+    """
+    if not release_all:
+        usage_error("drain needs --release-all (add --dry-run to preview what would be released)")
+    target = resolve_queue(queue, transport_config, transport_config_file, redis_url)
+    config = target.config
+    from claimkit.cli.console import claims_table, progress_bar
+    from claimkit.ops.drain import drain_claims
+    from claimkit.ops.inspect import snapshot
+
+    async def go(store: Store) -> tuple[DrainReport, QueueSnapshot | None]:
+        if dry_run:
+            # The table: one bounded read. The count: batched reads like a real drain's,
+            # never one script call over every claim (a few ms per script,
+            # docs/protocol.md#claim-protocol).
+            snap = await snapshot(
+                store,
+                queue,
+                result_lists=target.result_lists,
+                retry_set=config.retry_queue_name,
+                limit=limit,
+            )
+            return await drain_claims(store, queue, dry_run=True, batch_size=batch_size), snap
+        with progress_bar(f"releasing {queue} claims") as (set_total, advance):
+            report = await drain_claims(
+                store, queue, batch_size=batch_size, progress=advance, on_start=set_total
+            )
+        return report, None
+
+    report, snap = with_store(config, go, key_types=target.key_types())
+    if snap is not None and snap.claims:
+        title = (
+            f"claims that would go back to pending: the first {len(snap.claims)}, "
+            "earliest lease expiry first (the count below is the total)"
+        )
+        console().print(claims_table(snap.claims, now=snap.server_time, title=title))
+    typer.echo(report.line(queue, dry_run=dry_run))
+    if report.renewed or report.other_owner:
+        typer.echo(
+            "claimkit drain: some claims changed while draining and were left alone; "
+            "run it again to release them",
+            err=True,
+        )
+
+
+def reclaim(
+    once: Annotated[
+        bool, typer.Option("--once", help="Run one full reclaim run and exit (required).")
+    ] = False,
+    json_out: JsonOut = False,
+    transport_config: TransportConfig = None,
+    transport_config_file: TransportConfigFile = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Redeliver every expired claim of every configured queue, once.
+
+    Each expired claim goes back to pending at its original score with its delivery count
+    raised; one that reaches max_deliveries is dead-lettered with a MAX_DELIVERIES_EXCEEDED
+    record. Passes repeat until no expired claim is left. Claims without a lease entry
+    (evicted or partly restored) get their lease back (claim_lease_ttl_seconds), not a
+    redelivery: a live owner goes on, a dead owner's comes back one lease later; they are
+    counted as leases_restored and reported on stderr. Meant for
+    cron: prints one summary line (or --json), exit status 0; on a Redis or config error
+    one line and 1. Needs no running consumer. The rules: docs/protocol.md.
+
+    Example:
+
+        claimkit reclaim --once \\
+          --transport-config-file /etc/claimkit/transport.json
+    """
+    if not once:
+        usage_error("reclaim needs --once (serve runs the reclaimer continuously)")
+    config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
+    if not config.queues:
+        fail(
+            "reclaim --once works on the configured queues: give a transport config "
+            "(--transport-config or --transport-config-file) whose queues list them"
+        )
+    from claimkit.ops.reclaim import reclaim_all, reclaim_json
+    from claimkit.protocol.ops import ReclaimCounts, orphans_message
+
+    async def go(store: Store) -> dict[str, ReclaimCounts]:
+        return await reclaim_all(store, config)
+
+    per_queue = with_store(config, go)
+    total = ReclaimCounts()
+    for counts in per_queue.values():
+        total += counts
+    show(
+        json_out,
+        doc=lambda: reclaim_json(per_queue, total),
+        text=lambda: (
+            f"claimkit reclaim: queues={len(per_queue)} redelivered={total.redelivered} "
+            f"dead_lettered={total.dead} ghosts={total.ghosts} "
+            f"leases_restored={total.leases_restored}"
+        ),
+    )
+    for name, c in per_queue.items():
+        if c.orphans:
+            typer.echo(
+                f"claimkit reclaim: warning: {name}: {orphans_message(c)}; "
+                'see docs/operations.md, "Eviction"',
+                err=True,
+            )

@@ -1,0 +1,86 @@
+"""The configuration as claimkit uses it: :class:`Config` and one :class:`QueueConfig` per
+queue (docs/configuration.md). :func:`claimkit.config.load_config` builds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from claimkit._errors import ConfigError
+
+__all__ = ["DEFAULT_MAX_DELIVERIES", "MAX_NUMBER", "Config", "QueueConfig", "WrongKeyType"]
+
+DEFAULT_MAX_DELIVERIES = 10
+MAX_NUMBER = 2**31 - 1
+"""The largest value any numeric field takes (24.8 days in ms, 68 years in seconds)."""
+
+
+class WrongKeyType(ConfigError):
+    """A key claimkit reads holds another Redis type than the layout says (docs/protocol.md#keys).
+
+    ``str(err)`` is one line naming the key, what it holds and what was expected. Raised by
+    the operator commands (``claimkit.ops.inspect.check_key_types``) and by ``serve``'s
+    preflight and consumer; defined here, below both.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """One entry of ``queues[]`` (docs/configuration.md)."""
+
+    queue_name: str
+    igw_base_url: str
+    id: str = ""
+    request_path_url: str = "/v1/completions"
+    inference_objective: str | None = None
+    result_queue_name: str | None = None
+    gate_type: str = "constant"
+    gate_params: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def queue_id(self) -> str:
+        return self.id or self.queue_name
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole consumer configuration. Units are in the field names (docs/configuration.md).
+
+    ``max_deliveries`` follows docs/protocol.md#reclaim: 0 means unlimited (not "the default").
+    """
+
+    url: str
+    queues: tuple[QueueConfig, ...]
+    result_queue_name: str = "result-list"
+    retry_queue_name: str = "retry-sortedset"
+    poll_interval_ms: int = 1000
+    batch_size: int = 10
+    claim_lease_ttl_seconds: float = 300.0
+    claim_reclaim_interval_ms: int = 15000
+    result_dedup_ttl_seconds: int = 21600
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    concurrency: int = 64
+    request_timeout_seconds: float = 300.0
+    drain_timeout_seconds: float = 10.0
+    metrics_port: int = 9090
+    health_port: int = 8081
+    http_host: str = "0.0.0.0"
+    """The IP address the metrics and health servers bind (docs/operations.md)."""
+    http_idle_timeout_seconds: float = 5.0
+    http_max_connections: int = 512
+    unknown_fields: tuple[str, ...] = ()
+    """Fields of the JSON claimkit does not know (ignored; the CLI warns about each)."""
+
+    @property
+    def heartbeat_interval_seconds(self) -> float:
+        """``clamp(claim_lease_ttl / 3, 1 s, 30 s)`` (docs/protocol.md#heartbeat)."""
+        return min(30.0, max(1.0, self.claim_lease_ttl_seconds / 3))
+
+    def queue(self, name: str) -> QueueConfig:
+        """The queue called ``name``. Raises :class:`ConfigError` if it is not configured."""
+        for q in self.queues:
+            if q.queue_name == name:
+                return q
+        known = ", ".join(q.queue_name for q in self.queues) or "none"
+        raise ConfigError(f"unknown queue {name!r} (configured: {known})")
