@@ -9,14 +9,16 @@ import logging
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from types import FrameType
 from typing import Any
 
 import trio
 
 from claimkit.config import Config, ConfigError
-from claimkit.consumer.consumer import Consumer, Summary, check_keys, key_roles
+from claimkit.consumer.consumer import Consumer, Summary, check_key_roles, key_roles
 from claimkit.consumer.health import HttpBindError, serve_http
+from claimkit.protocol.ops import first_wrong_type
 from claimkit.store import Store, StoreUnavailable, open_store
 from claimkit.store.server_checks import eviction_policy
 
@@ -92,7 +94,7 @@ async def _preflight(store: Store, config: Config, *, allow_eviction: bool = Fal
     """
     roles = key_roles(config)
     try:
-        await check_keys(store, roles)
+        await check_key_roles(partial(first_wrong_type, store), roles)
         await _check_eviction(store, allow_eviction=allow_eviction)
     except StoreUnavailable as exc:
         log.warning("claimkit: Redis is unavailable at start (%s); retrying until it answers", exc)

@@ -17,9 +17,9 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from claimkit.config import ConfigError
+from claimkit.config import WrongKeyType
 from claimkit.protocol import keys as _keys
-from claimkit.protocol.ops import token_time
+from claimkit.protocol.ops import first_wrong_type, token_time
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
@@ -49,24 +49,9 @@ entry (a few ms of Redis time per 10,000). Beyond it ``claimed`` and ``orphans``
 bounds (``claims_exact`` False)."""
 
 
-class WrongKeyType(ConfigError):
-    """A key claimkit reads holds another Redis type than the layout says (docs/protocol.md#keys).
-
-    ``str(err)`` is one line naming the key, what it holds and what was expected.
-    """
-
-
 def queue_key_types(queue: str) -> dict[str, str]:
     """The Redis type of every per-queue key of ``queue`` (docs/protocol.md#keys), by key name."""
-    k = _keys.QueueKeys.for_queue(queue)
-    return {
-        k.pending: "zset",
-        k.claimed: "hash",
-        k.owners: "hash",
-        k.index: "zset",
-        k.deliveries: "hash",
-        k.dead: "zset",
-    }
+    return _keys.QueueKeys.for_queue(queue).types()
 
 
 async def check_key_types(store: Store, expected: Mapping[str, str]) -> None:
@@ -85,27 +70,6 @@ async def check_key_types(store: Store, expected: Mapping[str, str]) -> None:
             f"key {name!r} holds {_keys.type_name(found)}, not "
             f"{_keys.type_name(want)}: is the queue or list name right?"
         )
-
-
-async def first_wrong_type(
-    store: Store, expected: Mapping[str, str]
-) -> tuple[str, str, str] | None:
-    """The first existing key of ``expected`` (key -> ``TYPE`` name) holding another type,
-    as ``(key, found, expected)``; ``None`` when all are right or missing. One pipelined
-    round trip of ``TYPE`` calls.
-
-    Raises:
-        StoreUnavailable, StoreError: from the store.
-    """
-    names = list(expected)
-    if not names:
-        return None
-    replies = await store.pipeline([("TYPE", name) for name in names], transaction=False)
-    for name, reply in zip(names, replies, strict=True):
-        found = _text(reply)
-        if found not in ("none", expected[name]):
-            return name, found, expected[name]
-    return None
 
 
 _STAMP_AHEAD_MAX = 300.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 RESULT_TERMINAL_PREFIX = "result-terminal:"
 REQUEST_ACTIVE_PREFIX = "request-active:"
@@ -35,6 +36,26 @@ class QueueKeys:
     index: str
     deliveries: str
     dead: str
+
+    TYPES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("pending", "zset", "queue key"),
+        ("claimed", "hash", "claimed hash"),
+        ("owners", "hash", "claim-owners hash"),
+        ("index", "zset", "claims index"),
+        ("deliveries", "hash", "deliveries hash"),
+        ("dead", "zset", "dead set"),
+    )
+    """The one table of what each per-queue key holds (docs/protocol.md#keys):
+    ``(attribute, Redis TYPE name, what the key is in one-line errors)``, in key order."""
+
+    def types(self) -> dict[str, str]:
+        """The Redis ``TYPE`` of each of these keys, by key name (``{"q": "zset", ...}``)."""
+        return {getattr(self, attr): kind for attr, kind, _what in self.TYPES}
+
+    def described(self) -> list[tuple[str, str, str]]:
+        """``(key name, Redis TYPE name, what it is)`` for each of these keys, in key order:
+        ``("q:claimed", "hash", "claimed hash")``."""
+        return [(getattr(self, attr), kind, what) for attr, kind, what in self.TYPES]
 
     @classmethod
     def for_queue(cls, queue: str) -> QueueKeys:
@@ -87,6 +108,16 @@ def retry_dead(retry_set: str) -> str:
     return retry_set + ":dead"
 
 
+RETRY_SET_TYPE = "zset"
+"""The Redis ``TYPE`` of the retry set and of its dead set (:func:`retry_dead`)."""
+
+RESULT_LIST_TYPE = "list"
+"""The Redis ``TYPE`` of a result list (docs/protocol.md#keys)."""
+
+GATE_BUDGET_TYPE = "string"
+"""The Redis ``TYPE`` of a ``redis`` gate's budget key (docs/configuration.md)."""
+
+
 def reserved_keys(queues: Iterable[str], retry_set: str) -> frozenset[str]:
     """The keys claimkit keeps as something other than a result list, for ``queues`` and
     ``retry_set``: every per-queue key (:class:`QueueKeys`) and both retry sets.
@@ -98,8 +129,7 @@ def reserved_keys(queues: Iterable[str], retry_set: str) -> frozenset[str]:
     """
     out = {retry_set, retry_dead(retry_set)}
     for queue in queues:
-        k = QueueKeys.for_queue(queue)
-        out.update((k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead))
+        out.update(QueueKeys.for_queue(queue).types())
     return frozenset(out)
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecord
@@ -32,7 +32,9 @@ __all__ = [
     "AckItem",
     "ClaimCode",
     "QueueOps",
+    "QueueProtocol",
     "ReclaimCounts",
+    "first_wrong_type",
     "move_retries",
     "new_token",
     "orphans_message",
@@ -205,6 +207,10 @@ class QueueOps:
         lease_ttl: ``claim_lease_ttl_seconds``, seconds (> 0): the lease a reclaim gives
             back to a claim without a lease entry (docs/protocol.md, "Claims without a
             lease entry").
+        retry_set: ``retry_queue_name``, the retry ZSET every queue shares
+            (docs/protocol.md#retry-mover); :meth:`move_retries` drains it.
+
+    It satisfies :class:`QueueProtocol`, the part of it the consumer uses.
 
     Every method raises :class:`~claimkit.store.StoreUnavailable` or
     :class:`~claimkit.store.StoreError` as the store does. A chunk that raised may or may
@@ -220,8 +226,10 @@ class QueueOps:
         default_result_list: str = "result-list",
         dedup_ttl: int = 21600,
         lease_ttl: float = 300.0,
+        retry_set: str = "retry-sortedset",
     ) -> None:
         self.store = store
+        self.retry_set = retry_set
         self.queue = queue
         self.keys = _keys.QueueKeys.for_queue(queue)
         self.result_list = result_list
@@ -480,6 +488,21 @@ class QueueOps:
             if not full_scan or cycle_done:
                 return total
 
+    # -- the consumer's other calls: retry mover, backlog, key types ---------------------------
+
+    async def move_retries(self, *, limit: int = CHUNK) -> tuple[int, int]:
+        """:func:`move_retries` on :attr:`retry_set` (shared by every queue: call it on one
+        queue's ops only). Returns ``(moved, dead)``."""
+        return await move_retries(self.store, self.retry_set, limit=limit)
+
+    async def backlog(self) -> int:
+        """How many requests are pending: ``ZCARD <q>``."""
+        return _int(await self.store.command("ZCARD", self.keys.pending))
+
+    async def first_wrong_type(self, expected: Mapping[str, str]) -> tuple[str, str, str] | None:
+        """:func:`first_wrong_type` on this queue's store: any keys, not only this queue's."""
+        return await first_wrong_type(self.store, expected)
+
 
 async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
     """The retry mover (docs/protocol.md#retry-mover): move every due retry member back to
@@ -496,3 +519,84 @@ async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> t
         m, d, more_flag = (_int(v) for v in reply)
         moved, dead, more = moved + m, dead + d, bool(more_flag)
     return moved, dead
+
+
+async def first_wrong_type(
+    store: Store, expected: Mapping[str, str]
+) -> tuple[str, str, str] | None:
+    """The first existing key of ``expected`` (key -> ``TYPE`` name, e.g.
+    :meth:`~claimkit.protocol.keys.QueueKeys.types`) holding another type, as
+    ``(key, found, expected)``; ``None`` when all are right or missing. One pipelined round
+    trip of ``TYPE`` calls.
+
+    Raises:
+        StoreUnavailable, StoreError: from the store.
+    """
+    names = list(expected)
+    if not names:
+        return None
+    replies = await store.pipeline([("TYPE", name) for name in names], transaction=False)
+    for name, reply in zip(names, replies, strict=True):
+        found = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+        if found not in ("none", expected[name]):
+            return name, found, expected[name]
+    return None
+
+
+class QueueProtocol(Protocol):
+    """What the consumer needs of one queue's protocol layer (:class:`QueueOps` is the real
+    one; a test may pass a fake through ``Consumer(ops_factory=...)``). Every Redis call the
+    consumer makes goes through one of these, save a ``redis`` gate's own budget read.
+
+    Attributes and methods, as on :class:`QueueOps`: ``queue``, ``result_list``,
+    ``result_list_for``, ``peek``, ``dead_letter``, ``claim``, ``renew``, ``ack``,
+    ``park``, ``release``, ``reclaim``, ``move_retries``, ``backlog``,
+    ``first_wrong_type``. Times are Unix seconds on the Redis server clock; each call
+    raises :class:`~claimkit.store.StoreUnavailable` or
+    :class:`~claimkit.store.StoreError` as Redis fails.
+    """
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def result_list(self) -> str | None: ...
+
+    def result_list_for(self, member_result_list: str | None) -> str: ...
+
+    async def peek(self, count: int) -> list[bytes]: ...
+
+    async def dead_letter(self, invalid: Sequence[Invalid]) -> tuple[int, int]: ...
+
+    async def claim(
+        self, candidates: Sequence[tuple[Envelope, str]], lease_ttl: float
+    ) -> tuple[float, list[int]]: ...
+
+    async def renew(
+        self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
+    ) -> tuple[float, list[int]]: ...
+
+    async def ack(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]: ...
+
+    async def park(
+        self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
+    ) -> tuple[float, list[int]]: ...
+
+    async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[int]: ...
+
+    async def reclaim(
+        self,
+        max_deliveries: int,
+        limit: int = CHUNK,
+        *,
+        full_scan: bool = False,
+        scan_count: int = ORPHAN_SCAN_COUNT,
+    ) -> ReclaimCounts: ...
+
+    async def move_retries(self, *, limit: int = CHUNK) -> tuple[int, int]: ...
+
+    async def backlog(self) -> int: ...
+
+    async def first_wrong_type(
+        self, expected: Mapping[str, str]
+    ) -> tuple[str, str, str] | None: ...

@@ -1,0 +1,215 @@
+"""The claims a consumer holds, and the one place that counts what becomes of them.
+
+:class:`HeldClaims` is the registry of one queue's live claims (docs/protocol.md#claim-protocol):
+every add and removal goes through it, and each of its methods also counts the outcome in the
+process's :class:`Summary` (the exit line) and the queue's metrics (docs/metrics.md), so the
+two never drift apart.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from claimkit.protocol.models import ErrorCode
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import trio
+
+    from claimkit.consumer.metrics import QueueMetrics
+    from claimkit.protocol.models import Envelope, TerminalRecord
+    from claimkit.protocol.ops import ReclaimCounts
+
+__all__ = ["Claim", "HeldClaims", "Summary"]
+
+log = logging.getLogger("claimkit")
+
+
+@dataclass
+class Summary:
+    """Counts for the exit line (docs/protocol.md#tasks-and-shutdown), for this process only."""
+
+    claimed: int = 0
+    acked: int = 0
+    retried: int = 0
+    released: int = 0
+    duplicates_suppressed: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    taken_over: int = 0
+    """Claims a heartbeat found held by another owner (the lease had lapsed and another
+    consumer claimed the request): their work here is cancelled; the request is not lost."""
+    released_elsewhere: int = 0
+    """Claims a heartbeat found no longer claimed: handed back to pending by someone else
+    (``claimkit drain``, or a reclaimer after the lease lapsed) or finished by another
+    owner. Their work here is cancelled; the request is not lost."""
+    left_to_lapse: int = 0
+    """Claims this process gave up on without releasing them: an ack or park Redis refused
+    (dropped from the registry then), and claims still held at exit (the sweep could not
+    return them). Their leases lapse and any instance's reclaimer redelivers them."""
+
+    def line(self) -> str:
+        return (
+            f"claimkit: claimed={self.claimed} acked={self.acked} retried={self.retried} "
+            f"released={self.released} duplicates_suppressed={self.duplicates_suppressed} "
+            f"redelivered={self.redelivered} dead_lettered={self.dead_lettered} "
+            f"taken_over={self.taken_over} released_elsewhere={self.released_elsewhere} "
+            f"left_to_lapse={self.left_to_lapse}"
+        )
+
+
+@dataclass(eq=False)
+class Claim:
+    """A claim this process holds: the claimed envelope and the claim's ownership token."""
+
+    env: Envelope
+    token: str
+    cancelled: bool = False  # the claim script found a cancel marker
+    scope: trio.CancelScope | None = None  # the work's scope, while it runs
+    ours: bool = True  # False once found taken over or released elsewhere: work is moot
+
+
+class HeldClaims:
+    """The claims this process holds on one queue, by request id.
+
+    Args:
+        queue: the queue's name (for log lines).
+        summary: the process's exit counts, shared by every queue.
+        metrics: the queue's metrics.
+
+    Attributes:
+        given_up: claims dropped unreleased because Redis refused their ack or park
+            (counted in ``Summary.left_to_lapse`` at exit).
+    """
+
+    def __init__(self, queue: str, summary: Summary, metrics: QueueMetrics) -> None:
+        self.queue = queue
+        self.summary = summary
+        self.metrics = metrics
+        self.given_up = 0
+        self._by_id: dict[str, Claim] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def all(self) -> list[Claim]:
+        """The claims held now, oldest first (a copy: safe to keep across awaits)."""
+        return list(self._by_id.values())
+
+    def holds(self, claim: Claim) -> bool:
+        """Whether ``claim`` (this very one, not only its id) is still held."""
+        return self._by_id.get(claim.env.id) is claim
+
+    def _forget(self, claim: Claim) -> bool:
+        if self._by_id.get(claim.env.id) is claim:
+            del self._by_id[claim.env.id]
+            return True
+        return False
+
+    def show_depth(self) -> None:
+        """Set the ``claim_depth`` gauge to the claims held."""
+        self.metrics.claim_depth.set(len(self._by_id))
+
+    # -- claim (docs/protocol.md#claim) ------------------------------------------------------
+
+    def add(self, env: Envelope, token: str, *, cancelled: bool) -> Claim:
+        """Hold a claim the claim script just granted (``cancelled``: it found a cancel
+        marker). An earlier claim of ours on the same id was handed back (drain) and won
+        again: that one counts as released elsewhere, since its result would be a duplicate."""
+        claim = Claim(env, token, cancelled=cancelled)
+        stale = self._by_id.get(env.id)
+        if stale is not None:
+            self.drop_released_elsewhere(stale)
+        self._by_id[env.id] = claim
+        return claim
+
+    def count_claimed(self, n: int) -> None:
+        """Count ``n`` claims granted by one claim call."""
+        self.summary.claimed += n
+        self.metrics.requests.inc(n)
+        self.show_depth()
+
+    def count_dead_lettered(self, n: int) -> None:
+        """Count ``n`` members moved to ``<q>:dead`` by a poll (malformed) or a reclaim."""
+        self.summary.dead_lettered += n
+        self.metrics.dead_lettered.inc(n)
+
+    def count_shed(self, n: int) -> None:
+        """Count ``n`` candidates the gate did not admit (they stay pending)."""
+        self.metrics.shedded.inc(n)
+
+    # -- heartbeat (docs/protocol.md#heartbeat) ----------------------------------------------
+
+    def drop_taken_over(self, claim: Claim) -> None:
+        """The heartbeat found ``claim`` held by another owner: forget it, cancel its work."""
+        self.summary.taken_over += 1
+        self._drop(claim, "taken over by another owner after its lease lapsed")
+
+    def drop_released_elsewhere(self, claim: Claim) -> None:
+        """``claim`` is no longer claimed (handed back by a drain or a reclaimer): forget it,
+        cancel its work."""
+        self.summary.released_elsewhere += 1
+        self._drop(claim, "released elsewhere (by drain, or a reclaimer after its lease lapsed)")
+
+    def _drop(self, claim: Claim, how: str) -> None:
+        claim.ours = False
+        self._forget(claim)
+        if claim.scope is not None:
+            claim.scope.cancel()
+        log.warning(
+            "claim on %s in %s was %s; its work here is cancelled", claim.env.id, self.queue, how
+        )
+
+    # -- ack and park (docs/protocol.md#ack, docs/protocol.md#park-for-retry) -----------------
+
+    def acked(self, claim: Claim, record: TerminalRecord | None, pushed: bool) -> None:
+        """An ack script ran for ``claim``: ``pushed`` False means a suppressed duplicate."""
+        self._forget(claim)
+        if not pushed:
+            self.summary.duplicates_suppressed += 1
+            self.metrics.duplicates_suppressed.inc()
+            return
+        self.summary.acked += 1
+        if record is None:
+            return
+        if record.error_code == ErrorCode.DEADLINE_EXCEEDED:
+            self.metrics.deadline_exceeded.inc()
+        elif record.status_code is not None and 200 <= record.status_code < 300:
+            self.metrics.successes.inc()
+        else:
+            self.metrics.failures.inc()
+
+    def parked(self, claim: Claim, *, moved: bool) -> None:
+        """A park script ran for ``claim``: ``moved`` False means it was not ours any more."""
+        self._forget(claim)
+        if moved:
+            self.summary.retried += 1
+            self.metrics.retries.inc()
+
+    def give_up(self, claims: Sequence[Claim], why: str) -> None:
+        """Drop claims Redis refused to settle, counted in ``left_to_lapse``: their leases
+        lapse and any instance's reclaimer redelivers them. Logs ``why``."""
+        dropped = sum(1 for claim in claims if self._forget(claim))
+        self.given_up += dropped
+        log.error("%s; %d claims left to lapse", why, dropped)
+
+    # -- sweep and reclaim (docs/protocol.md#release-and-sweep, docs/protocol.md#reclaim) -----
+
+    def swept(self, claims: Sequence[Claim], codes: Sequence[int]) -> None:
+        """The sweep's release script answered ``codes`` (1 released) for ``claims``: none of
+        them is held any more, whatever the code."""
+        for claim, code in zip(claims, codes, strict=True):
+            self._by_id.pop(claim.env.id, None)
+            if code == 1:
+                self.summary.released += 1
+        self.show_depth()
+
+    def count_reclaimed(self, counts: ReclaimCounts) -> None:
+        """Count what a reclaim run did (expired claims of any consumer, not only ours)."""
+        self.summary.redelivered += counts.redelivered
+        self.summary.dead_lettered += counts.dead
+        self.metrics.claims_expired.inc(counts.redelivered)
+        self.metrics.dead_lettered.inc(counts.dead)

@@ -1,0 +1,313 @@
+"""The pollers and their workers (docs/protocol.md#peek, docs/protocol.md#claim).
+
+A poller per queue: peek -> validate (dead-letter what is malformed) -> gate -> claim; each
+claimed request starts a worker task (at most ``concurrency`` at once), whose outcome goes to
+the acker (:mod:`claimkit.consumer.settle`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import trio
+
+from claimkit.consumer.dispatch import Done, Outcome, Retry
+from claimkit.consumer.gates import GateError
+from claimkit.consumer.settle import Job
+from claimkit.protocol import keys as _keys
+from claimkit.protocol.models import (
+    Envelope,
+    ErrorCode,
+    Invalid,
+    TerminalRecord,
+    parse_member,
+)
+from claimkit.protocol.ops import ClaimCode, new_token
+from claimkit.store import StoreError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from claimkit.config import Config
+    from claimkit.consumer.claims import Claim
+    from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock
+    from claimkit.consumer.settle import Settler
+
+__all__ = ["Handler", "Poller"]
+
+log = logging.getLogger("claimkit")
+
+Handler = Callable[["QueueRuntime", Envelope, float], Awaitable[Outcome]]
+"""``(queue, envelope, server_now) -> Outcome``: what to do with one claimed request.
+The default sends it to the inference gateway (docs/dispatch.md)."""
+
+
+class Poller:
+    """Every queue's poller and the workers they start, under two cancel scopes the shutdown
+    uses: :meth:`stop_claiming` (the pollers) and :meth:`cancel_work` (the workers).
+
+    Args:
+        config: the whole configuration (``batch_size``, ``poll_interval_ms``, the lease,
+            ``concurrency``).
+        queues: every queue.
+        handler: what a worker does with its request.
+        settler: where a worker's outcome goes.
+        health: notes answers and failures; stops the consumer on a fatal refusal.
+        clock: the server clock estimate (deadline checks, tokens, claim replies).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        queues: Sequence[QueueRuntime],
+        *,
+        handler: Handler,
+        settler: Settler,
+        health: RedisHealth,
+        clock: ServerClock,
+    ) -> None:
+        self._config = config
+        self._queues = queues
+        self._handler = handler
+        self._settler = settler
+        self._health = health
+        self._clock = clock
+        self._slots = trio.CapacityLimiter(config.concurrency)
+        self._reserved = _keys.reserved_keys(
+            [q.queue_name for q in config.queues], config.retry_queue_name
+        )
+        self._poll_scope = trio.CancelScope()
+        self._work_scope = trio.CancelScope()
+        self._workers: trio.Nursery | None = None
+        self.workers_done = trio.Event()
+        """Set once every poller and worker has ended."""
+
+    def stop_claiming(self) -> None:
+        """Cancel the pollers; workers carry on."""
+        self._poll_scope.cancel()
+
+    def cancel_work(self) -> None:
+        """Cancel the workers still running."""
+        self._work_scope.cancel()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the pollers and workers; started once every poller has been started."""
+        try:
+            with self._work_scope:
+                async with trio.open_nursery() as workers:
+                    self._workers = workers
+                    with self._poll_scope:
+                        async with trio.open_nursery() as pollers:
+                            for q in self._queues:
+                                pollers.start_soon(self._poll, q)
+                            task_status.started()
+        finally:
+            self.workers_done.set()
+
+    async def _reserve(self, wanted: int) -> list[object]:
+        """Wait for one free worker slot, then take up to ``wanted`` without waiting."""
+        first = object()
+        await self._slots.acquire_on_behalf_of(first)
+        slots = [first]
+        while len(slots) < wanted:
+            extra = object()
+            try:
+                self._slots.acquire_on_behalf_of_nowait(extra)
+            except trio.WouldBlock:
+                break
+            slots.append(extra)
+        return slots
+
+    async def _poll(self, q: QueueRuntime) -> None:
+        interval = self._config.poll_interval_ms / 1000
+        while True:
+            slots = await self._reserve(self._config.batch_size)
+            try:
+                busy_head = await self._poll_once(q, slots)
+            except StoreUnavailable as exc:
+                self._health.note_failure(f"poll {q.name}", exc)
+                busy_head = True
+            except StoreError as exc:
+                await self._health.failed(f"poll {q.name}", exc)
+                busy_head = True
+            finally:
+                for slot in slots:
+                    self._slots.release_on_behalf_of(slot)
+            if busy_head:
+                await trio.sleep(interval if self._health.ok else max(interval, 0.25))
+
+    async def _poll_once(self, q: QueueRuntime, slots: list[object]) -> bool:
+        """One peek -> check -> claim round. Takes ownership of the slots it uses (removes
+        them from ``slots``). Returns True when the poller should wait ``poll_interval``."""
+        members = await q.ops.peek(len(slots))
+        self._health.answered()
+        if not members:
+            return True
+        valid = await self._sort(q, members)
+        candidates = await self._admit(q, valid)
+        if not candidates:
+            return True  # everything was refused by the gate or dead-lettered: wait
+        batch, codes = await self._claim(q, candidates, slots)
+        await self._start_workers(q, batch)
+        claimed = len(batch)
+        if len(members) < len(slots) + claimed:
+            return True  # the queue had fewer than we asked for: it is drained for now
+        # Claims won by another consumer: poll again at once. Busy ids (a live claim on
+        # the same id) stay pending until that claim ends: wait rather than spin on them.
+        return ClaimCode.BUSY in codes and claimed == 0
+
+    async def _sort(self, q: QueueRuntime, members: list[bytes]) -> list[Envelope]:
+        """Parse peeked members; dead-letter the malformed and misrouted ones (one call)."""
+        valid: list[Envelope] = []
+        invalid: list[Invalid] = []
+        for raw in members:
+            parsed = self._misrouted(q, parse_member(raw))
+            if isinstance(parsed, Envelope):
+                valid.append(parsed)
+            else:
+                invalid.append(parsed)
+        if invalid:
+            moved, _pushed = await q.ops.dead_letter(invalid)
+            q.claims.count_dead_lettered(moved)
+            for bad in invalid:
+                log.warning(
+                    "dead-lettered a malformed member of %s (id %s): %s", q.name, bad.id, bad.reason
+                )
+        return valid
+
+    async def _admit(self, q: QueueRuntime, valid: list[Envelope]) -> list[Envelope]:
+        """The candidates to claim: every expired one (it gets its record), and the live ones
+        the gate admits, in deadline order."""
+        now = self._clock.now()
+        expired = [e for e in valid if e.deadline <= now]
+        live = [e for e in valid if e.deadline > now]
+        try:
+            admitted = await q.gate.admit(len(live), q.inflight)
+            q.gate_error = ""
+        except GateError as exc:
+            if str(exc) != q.gate_error:  # once per distinct error, not once per poll
+                log.warning("gate of %s: %s; candidates stay pending", q.name, exc)
+            q.gate_error = str(exc)
+            admitted = 0
+        if admitted < len(live):
+            q.claims.count_shed(len(live) - admitted)
+        return expired + live[:admitted]
+
+    async def _claim(
+        self, q: QueueRuntime, candidates: list[Envelope], slots: list[object]
+    ) -> tuple[list[tuple[Claim, object]], list[int]]:
+        """Claim ``candidates`` in one call; each claim granted takes a slot from ``slots``.
+        Returns the claims with their slots, and the claim codes."""
+        stamp = self._clock.now()
+        pairs = [(env, new_token(stamp)) for env in candidates]
+        server_now, codes = await q.ops.claim(pairs, self._config.claim_lease_ttl_seconds)
+        self._clock.observe(server_now)
+        batch: list[tuple[Claim, object]] = []
+        for (env, token), code in zip(pairs, codes, strict=True):
+            if code not in (ClaimCode.CLAIMED, ClaimCode.CANCELLED):
+                continue
+            claim = q.claims.add(env, token, cancelled=code == ClaimCode.CANCELLED)
+            batch.append((claim, slots.pop()))
+        q.claims.count_claimed(len(batch))
+        return batch, codes
+
+    async def _start_workers(self, q: QueueRuntime, batch: list[tuple[Claim, object]]) -> None:
+        # One worker at a time, each entering its dispatch before the next is started, so a
+        # poll batch is dispatched in deadline order (docs/protocol.md#peek). With start_soon
+        # trio runs tasks started together in either order: half the batches went out reversed.
+        assert self._workers is not None
+        for i, (claim, slot) in enumerate(batch):
+            try:
+                await self._workers.start(self._work, q, claim, slot)
+            except BaseException:
+                for _later, unused in batch[i + 1 :]:
+                    self._slots.release_on_behalf_of(unused)
+                raise  # the claims not started stay held: the shutdown sweep returns them
+
+    def _misrouted(self, q: QueueRuntime, parsed: Envelope | Invalid) -> Envelope | Invalid:
+        """Keep records off keys claimkit uses for other things (``internal.result_queue_name``
+        may name any key, docs/protocol.md#terminal-record; pushing a record onto an empty
+        queue key would re-create it as a list and break it for every request). Such a
+        request is dead-lettered; its record, and that of an invalid member naming such a
+        key, goes to the queue's or the global list."""
+        name = parsed.result_queue_name
+        if q.ops.result_list is not None or not name or not _keys.is_reserved(name, self._reserved):
+            return parsed
+        if isinstance(parsed, Invalid):
+            return replace(parsed, result_queue_name=None)
+        reason = f"Failed: internal.result_queue_name names a key claimkit uses: {name!r}"
+        return Invalid(parsed.raw, reason, parsed.id, parsed.request_token)
+
+    # -- workers -----------------------------------------------------------------------------
+
+    async def _work(
+        self,
+        q: QueueRuntime,
+        claim: Claim,
+        slot: object,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            # No checkpoint between here and the handler's first one: the poller resumes,
+            # and starts the next worker of the batch, only once this one is dispatching.
+            task_status.started()
+            outcome = await self._outcome(q, claim)
+            if outcome is None or not claim.ours:
+                # taken over or released elsewhere: a result would be a duplicate
+                # (docs/protocol.md#heartbeat)
+                return
+            await self._settler.settle(self._job(q, claim, outcome))
+        finally:
+            self._slots.release_on_behalf_of(slot)
+
+    async def _outcome(self, q: QueueRuntime, claim: Claim) -> Outcome | None:
+        """What becomes of ``claim``'s request: ``None`` when its work was cancelled."""
+        env = claim.env
+        now = self._clock.now()
+        outcome: Outcome | None = None
+        with trio.CancelScope() as scope:
+            claim.scope = scope
+            if claim.cancelled:
+                outcome = Done(TerminalRecord.error(env.id, ErrorCode.CANCELLED, "cancelled"))
+            elif env.deadline <= now:
+                # Past the deadline the last HTTP response it had is its record.
+                outcome = Done(
+                    env.last_response
+                    or TerminalRecord.error(
+                        env.id, ErrorCode.DEADLINE_EXCEEDED, "deadline exceeded"
+                    )
+                )
+            else:
+                q.inflight += 1
+                q.metrics.inflight.inc()
+                started = trio.current_time()
+                try:
+                    outcome = await self._handler(q, env, now)
+                finally:
+                    q.inflight -= 1
+                    q.metrics.inflight.dec()
+                    q.metrics.latency_ms.observe((trio.current_time() - started) * 1000)
+        claim.scope = None
+        return outcome
+
+    def _job(self, q: QueueRuntime, claim: Claim, outcome: Outcome) -> Job:
+        job = Job(q, claim)
+        if isinstance(outcome, Retry):
+            job.retry_delay, job.retry_last = outcome.delay, outcome.last
+            return job
+        if outcome.unanswered:
+            q.metrics.gateway_no_response.inc()
+        job.record = outcome.record
+        if outcome.record.error_code is not None:
+            log.info(
+                "%s in %s ends %s: %s",
+                claim.env.id,
+                q.name,
+                outcome.record.error_code,
+                outcome.record.error_message,
+            )
+        return job

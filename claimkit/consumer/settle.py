@@ -1,0 +1,219 @@
+"""The acker: terminal records and retry parks from every worker, batched per queue into
+one script call (docs/protocol.md#ack, docs/protocol.md#park-for-retry)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from claimkit.consumer.runtime import until_answered
+from claimkit.protocol.models import retry_member
+from claimkit.protocol.ops import AckItem
+from claimkit.store import StoreError
+
+if TYPE_CHECKING:
+    from claimkit.consumer.claims import Claim
+    from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock
+    from claimkit.protocol.models import Envelope, TerminalRecord
+
+__all__ = ["ACK_BATCH_MAX", "ACK_LINGER_SECONDS", "SWEEP_TIMEOUT_SECONDS", "Job", "Settler"]
+
+log = logging.getLogger("claimkit")
+
+SWEEP_TIMEOUT_SECONDS = 10.0
+"""The shielded sweep's own deadline (docs/protocol.md#tasks-and-shutdown). Claims it cannot
+return lapse and are reclaimed by any instance (docs/protocol.md#reclaim): nothing is lost,
+only delayed."""
+
+ACK_BATCH_MAX = 2000
+
+ACK_LINGER_SECONDS = 0.002
+"""How long the acker waits for more finished requests before it flushes a batch smaller
+than ``batch_size``. Without it, at ~1.5k requests/s an ack carries 2-3 records (0.4 ack
+scripts per request); with it, about ``batch_size``. Adds at most this to result latency
+(see docs/performance.md)."""
+
+OnSettled = Callable[["Envelope", "TerminalRecord | None"], None]
+
+
+@dataclass(eq=False)
+class Job:
+    """A terminal record or a retry park on its way to the acker."""
+
+    queue: QueueRuntime
+    claim: Claim
+    record: TerminalRecord | None = None
+    retry_delay: float = 0.0
+    retry_last: TerminalRecord | None = None  # the attempt's HTTP response, parked with it
+    done: trio.Event = field(default_factory=trio.Event)
+    owned: bool = False
+
+
+class Settler:
+    """Acks and parks for every queue: workers hand jobs to :meth:`settle`, the acker task
+    (:meth:`run`) flushes them in batches.
+
+    Args:
+        batch_size: ``batch_size`` of the config: the acker lingers up to
+            :data:`ACK_LINGER_SECONDS` for that many jobs.
+        retry_set: ``retry_queue_name``.
+        health: notes answers, and stops the consumer on a fatal refusal.
+        clock: takes the server time a park returns.
+        on_settled: see ``Consumer``.
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        retry_set: str,
+        health: RedisHealth,
+        clock: ServerClock,
+        on_settled: OnSettled | None,
+    ) -> None:
+        self._batch_size = batch_size
+        self._retry_set = retry_set
+        self._health = health
+        self._clock = clock
+        self._on_settled = on_settled
+        self._send, self._recv = trio.open_memory_channel[Job](math.inf)
+        self.done = trio.Event()
+        """Set once the acker has ended (after :meth:`close`, every job handed over is
+        flushed)."""
+
+    def close(self) -> None:
+        """No more jobs: the acker flushes what it has and ends."""
+        self._send.close()
+
+    async def settle(self, job: Job) -> None:
+        """Hand ``job`` to the acker; if the acker is gone (shutdown), ack it here."""
+        try:
+            self._send.send_nowait(job)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            # The acker is gone (shutdown); this task outlived the drain. Ack directly: the
+            # sweep may already have returned the claim, and the ack then withdraws that copy
+            # or is suppressed as a duplicate (docs/protocol.md#release-and-sweep).
+            with trio.CancelScope(shield=True), trio.move_on_after(SWEEP_TIMEOUT_SECONDS):
+                await self.flush([job])
+        # Not waiting for the ack: the worker slot bounds requests in flight to the gateway,
+        # and the acker (which retries while Redis is away) owns the job from here. The
+        # shutdown flushes the acker before the sweep, so the claim is acked, not released.
+
+    async def run(self) -> None:
+        """The acker task: until :meth:`close`, flush jobs in batches."""
+        try:
+            async with self._recv:
+                async for first in self._recv:
+                    await self.flush(await self._gather(first))
+        finally:
+            self.done.set()
+
+    async def _gather(self, first: Job) -> list[Job]:
+        batch = [first]
+        # Linger briefly for a fuller batch: one script call per batch_size
+        # records rather than one per 2-3 (docs/performance.md).
+        with trio.move_on_after(ACK_LINGER_SECONDS):
+            while len(batch) < self._batch_size:
+                try:
+                    batch.append(await self._recv.receive())
+                except trio.EndOfChannel:
+                    break
+        while len(batch) < ACK_BATCH_MAX:
+            try:
+                batch.append(self._recv.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        return batch
+
+    async def flush(self, batch: list[Job]) -> None:
+        """Ack or park a batch, one script call per queue and kind; retries while Redis is
+        unavailable (the claims stay held and renewed meanwhile, docs/protocol.md#ack)."""
+        groups: dict[tuple[int, bool], list[Job]] = defaultdict(list)
+        for job in batch:
+            groups[(id(job.queue), job.record is None)].append(job)
+        for (_qid, is_park), jobs in groups.items():
+            q = jobs[0].queue
+            try:
+                await self._settle_jobs(q, jobs, is_park)
+            finally:
+                for job in jobs:
+                    job.done.set()
+            q.claims.show_depth()
+
+    async def _settle_jobs(self, q: QueueRuntime, jobs: list[Job], is_park: bool) -> None:
+        """Ack or park ``jobs`` of one queue in one script call. When Redis refuses it:
+
+        - a fatal refusal (:meth:`RedisHealth.is_fatal`): the consumer stops, and the
+          claims stay held for the shutdown sweep to return;
+        - otherwise (out of memory, say: a refusal of the whole call, which retrying each
+          job alone would only repeat) the jobs are given up: their claims leave the
+          registry (or the heartbeat would renew them for ever with no task behind them)
+          and lapse, and any instance's reclaimer redelivers them. They count in
+          ``left_to_lapse``. Jobs a failed call had already acked are no longer claimed
+          by anyone, so nothing of theirs lapses and their records stand.
+        """
+        settle = self._park if is_park else self._ack
+        verb = "park" if is_park else "ack"
+        try:
+            await settle(q, jobs)
+        except StoreError as exc:
+            if await self._health.is_fatal(exc):
+                log.error(
+                    "%s %s: %s; %d claims are kept for the shutdown sweep",
+                    verb,
+                    q.name,
+                    exc,
+                    len(jobs),
+                )
+            else:
+                q.claims.give_up([job.claim for job in jobs], f"{verb} {q.name}: {exc}")
+
+    async def _ack(self, q: QueueRuntime, jobs: list[Job]) -> None:
+        items = []
+        for job in jobs:
+            assert job.record is not None
+            env = job.claim.env
+            items.append(
+                AckItem(
+                    id=env.id,
+                    token=job.claim.token,
+                    request_token=env.request_token,
+                    result_list=q.ops.result_list_for(env.result_queue_name),
+                    record=job.record.to_json(),
+                    member=env.raw,
+                )
+            )
+        results = await until_answered(f"ack {q.name}", partial(q.ops.ack, items))
+        self._health.answered()
+        for job, (pushed, owned) in zip(jobs, results, strict=True):
+            job.owned = owned
+            q.claims.acked(job.claim, job.record, pushed)
+            if self._on_settled is not None:
+                self._on_settled(job.claim.env, job.record)
+
+    async def _park(self, q: QueueRuntime, jobs: list[Job]) -> None:
+        items = [
+            (
+                j.claim.env.id,
+                j.claim.token,
+                j.retry_delay,
+                retry_member(j.claim.env.raw, q.name, j.retry_last),
+            )
+            for j in jobs
+        ]
+        server_now, codes = await until_answered(
+            f"park {q.name}", partial(q.ops.park, items, self._retry_set)
+        )
+        self._clock.observe(server_now)
+        for job, code in zip(jobs, codes, strict=True):
+            job.owned = code == 1
+            q.claims.parked(job.claim, moved=code == 1)
+            if self._on_settled is not None:
+                self._on_settled(job.claim.env, None)

@@ -1,0 +1,154 @@
+"""The consumer's periodic tasks: the heartbeat (docs/protocol.md#heartbeat), the reclaimer
+(docs/protocol.md#reclaim), the retry mover (docs/protocol.md#retry-mover) and the backlog
+sampler (docs/metrics.md). Each runs until cancelled; a failed call is tried again on its
+next tick (Redis going away never ends one)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from claimkit.protocol.ops import orphans_message
+from claimkit.store import StoreError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from claimkit.config import Config
+    from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock
+
+__all__ = ["BACKLOG_SAMPLE_SECONDS", "Upkeep"]
+
+log = logging.getLogger("claimkit")
+
+BACKLOG_SAMPLE_SECONDS = 5.0
+"""How often the ``backlog`` gauge is sampled (``ZCARD <q>``), seconds."""
+
+
+class Upkeep:
+    """The periodic tasks over every queue (start each of ``heartbeat``, ``reclaimer``,
+    ``retry_mover`` and ``backlog_sampler`` in a nursery; cancel to end them).
+
+    Args:
+        config: the whole configuration (intervals, lease, ``max_deliveries``).
+        queues: every queue; the retry mover drains the shared retry set through the
+            first queue's ops.
+        health: notes answers and failures; stops the consumer on a fatal refusal.
+        clock: takes the server time each renew returns.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        queues: Sequence[QueueRuntime],
+        health: RedisHealth,
+        clock: ServerClock,
+    ) -> None:
+        self._config = config
+        self._queues = queues
+        self._health = health
+        self._clock = clock
+
+    # -- heartbeat (docs/protocol.md#heartbeat) ----------------------------------------------
+
+    async def heartbeat(self) -> None:
+        """Each ``heartbeat_interval_seconds``, renew every held claim of every queue."""
+        interval = self._config.heartbeat_interval_seconds
+        while True:
+            await trio.sleep(interval)
+            for q in self._queues:
+                try:
+                    await self.renew(q)
+                except (StoreUnavailable, StoreError) as exc:
+                    await self._health.failed(
+                        f"heartbeat {q.name} (claims are renewed once it answers)", exc
+                    )
+
+    async def renew(self, q: QueueRuntime) -> None:
+        """Renew ``q``'s held claims in one round trip; a claim found taken over (-1) or
+        released elsewhere (0) is dropped and its work cancelled: its result would be a
+        duplicate."""
+        held = q.claims.all()
+        if not held:
+            return
+        server_now, codes = await q.ops.renew(
+            [(c.env.id, c.token, c.env.deadline) for c in held],
+            self._config.claim_lease_ttl_seconds,
+        )
+        self._health.answered()
+        self._clock.observe(server_now)
+        for claim, code in zip(held, codes, strict=True):
+            if code == 1 or not q.claims.holds(claim):
+                continue
+            if code == -1:
+                q.claims.drop_taken_over(claim)
+            else:
+                q.claims.drop_released_elsewhere(claim)
+        q.claims.show_depth()
+
+    # -- reclaim (docs/protocol.md#reclaim) --------------------------------------------------
+
+    async def reclaimer(self) -> None:
+        """Each ``claim_reclaim_interval_ms``, a full reclaim run on every queue."""
+        interval = self._config.claim_reclaim_interval_ms / 1000
+        while True:
+            for q in self._queues:
+                await self._reclaim(q)
+            await trio.sleep(interval)
+
+    async def _reclaim(self, q: QueueRuntime) -> None:
+        try:
+            counts = await q.ops.reclaim(self._config.max_deliveries)
+        except (StoreUnavailable, StoreError) as exc:
+            if not await self._health.is_fatal(exc):
+                log.warning("reclaim %s: %s; retrying next interval", q.name, exc)
+            return
+        if counts.orphans:
+            log.warning(
+                'reclaim %s: %s; see docs/operations.md, "Eviction"',
+                q.name,
+                orphans_message(counts),
+            )
+        if counts.redelivered or counts.dead or counts.leases_restored:
+            log.info(
+                "reclaim %s: redelivered=%d dead_lettered=%d ghosts=%d leases_restored=%d",
+                q.name,
+                counts.redelivered,
+                counts.dead,
+                counts.ghosts,
+                counts.leases_restored,
+            )
+        q.claims.count_reclaimed(counts)
+
+    # -- retry mover (docs/protocol.md#retry-mover) ------------------------------------------
+
+    async def retry_mover(self) -> None:
+        """Each ``min(1 s, poll_interval)``, move every due retry member back to its queue."""
+        interval = min(1.0, self._config.poll_interval_ms / 1000)
+        while True:
+            try:
+                # The retry set is shared: the first queue's ops drain it for all.
+                _moved, dead = await self._queues[0].ops.move_retries()
+                if dead:
+                    log.warning(
+                        "retry mover: %d unroutable members moved to %s:dead",
+                        dead,
+                        self._config.retry_queue_name,
+                    )
+            except (StoreUnavailable, StoreError) as exc:
+                await self._health.failed("retry mover", exc)
+            await trio.sleep(interval)
+
+    # -- backlog (docs/metrics.md) -----------------------------------------------------------
+
+    async def backlog_sampler(self) -> None:
+        """Each :data:`BACKLOG_SAMPLE_SECONDS`, set each queue's ``backlog`` gauge."""
+        while True:
+            for q in self._queues:
+                try:
+                    q.metrics.backlog.set(await q.ops.backlog())
+                except (StoreUnavailable, StoreError):
+                    pass  # the pollers report Redis trouble; a missed sample is harmless
+            await trio.sleep(BACKLOG_SAMPLE_SECONDS)

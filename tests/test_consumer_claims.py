@@ -1,0 +1,126 @@
+"""The consumer's claim registry and clock estimate (no Redis): HeldClaims counts every
+outcome in the Summary and the queue's metrics at once; ServerClock follows trio's clock.
+And the QueueOps methods that replaced the consumer's own Redis calls (real Redis)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+
+from claimkit.config import load_config
+from claimkit.consumer.claims import HeldClaims, Summary
+from claimkit.consumer.metrics import Metrics
+from claimkit.consumer.runtime import ServerClock
+from claimkit.protocol.models import Envelope, TerminalRecord, parse_member
+from claimkit.protocol.ops import QueueOps, ReclaimCounts
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
+
+Q = "requests"
+
+
+def envelope(rid: str) -> Envelope:
+    raw = json.dumps({"request_kind": "plain", "data": {"id": rid, "deadline": 4_000_000_000}})
+    parsed = parse_member(raw.encode())
+    assert isinstance(parsed, Envelope)
+    return parsed
+
+
+def registry() -> tuple[HeldClaims, Summary, Metrics]:
+    config = load_config(
+        inline=json.dumps(
+            {
+                "url": "redis://127.0.0.1:1",
+                "queues": [{"queue_name": Q, "igw_base_url": "http://x"}],
+            }
+        )
+    )
+    metrics, summary = Metrics(), Summary()
+    return HeldClaims(Q, summary, metrics.for_queue(config.queues[0])), summary, metrics
+
+
+def sample(metrics: Metrics, name: str) -> float | None:
+    """The value of metric ``llm_d_async_<name>`` for queue ``Q``."""
+    for family in metrics.registry.collect():
+        for s in family.samples:
+            if s.name == f"llm_d_async_{name}" and s.labels.get("queue_name") == Q:
+                return s.value
+    return None
+
+
+def test_claiming_again_drops_the_earlier_claim_as_released_elsewhere() -> None:
+    claims, summary, metrics = registry()
+    first = claims.add(envelope("a"), "t1", cancelled=False)
+    scope = trio.CancelScope()
+    first.scope = scope
+    second = claims.add(envelope("a"), "t2", cancelled=True)
+    claims.count_claimed(2)
+    assert (first.ours, second.ours, second.cancelled) == (False, True, True)
+    assert scope.cancel_called
+    assert claims.holds(second) and not claims.holds(first)
+    assert len(claims) == 1
+    assert (summary.claimed, summary.released_elsewhere, summary.taken_over) == (2, 1, 0)
+    assert sample(metrics, "async_request_total") == 2.0
+    assert sample(metrics, "async_claim_depth") == 1.0
+
+
+def test_each_outcome_counts_once_in_the_summary_and_the_metrics() -> None:
+    claims, summary, metrics = registry()
+    a, b, c, d, e, f = (claims.add(envelope(x), "t", cancelled=False) for x in "abcdef")
+    claims.drop_taken_over(a)
+    claims.acked(b, TerminalRecord.http("b", 200, "{}"), pushed=True)
+    claims.acked(c, TerminalRecord.http("c", 500, "{}"), pushed=False)
+    claims.parked(d, moved=True)
+    claims.give_up([e, a], "ack requests: OOM")  # a is no longer held: not counted again
+    claims.swept([f], [1])
+    claims.count_reclaimed(ReclaimCounts(redelivered=3, dead=2))
+    claims.count_dead_lettered(1)
+    assert len(claims) == 0
+    assert a.ours is False
+    assert claims.given_up == 1
+    assert summary == Summary(
+        acked=1,
+        retried=1,
+        released=1,
+        duplicates_suppressed=1,
+        redelivered=3,
+        dead_lettered=3,
+        taken_over=1,
+    )
+    assert sample(metrics, "async_successful_requests_total") == 1.0
+    assert sample(metrics, "async_failed_requests_total") == 0.0
+    assert sample(metrics, "async_duplicate_results_suppressed_total") == 1.0
+    assert sample(metrics, "async_request_retries_total") == 1.0
+    assert sample(metrics, "async_claims_expired_total") == 3.0
+    assert sample(metrics, "async_dead_lettered_total") == 3.0
+    assert sample(metrics, "async_claim_depth") == 0.0
+
+
+async def test_the_server_clock_estimate_follows_trio_s_clock(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    clock = ServerClock()
+    before = time.time()
+    start = clock.now()  # no reply yet: this machine's clock, read once
+    assert before <= start <= time.time()
+    await trio.sleep(7)
+    assert clock.now() == pytest.approx(start + 7, abs=1e-6)
+    clock.observe(1_000.0)
+    await trio.sleep(2.5)
+    assert clock.now() == pytest.approx(1_002.5, abs=1e-9)
+
+
+async def test_the_consumer_s_other_calls_go_through_queue_ops(store: Store) -> None:
+    ops = QueueOps(store, Q, retry_set="retry-set")
+    assert await ops.backlog() == 0
+    await store.command("ZADD", Q, 1, b"m1", 2, b"m2")
+    assert await ops.backlog() == 2
+    assert await ops.move_retries() == (0, 0)
+    await store.command("RPUSH", "rl", b"x")
+    assert await ops.first_wrong_type({"rl": "list", "nope": "hash"}) is None
+    assert await ops.first_wrong_type({Q: "zset", "rl": "zset"}) == ("rl", "list", "zset")
