@@ -33,7 +33,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from redis_state import pairs
+from support import pairs
 
 from claimkit.protocol.keys import QueueKeys
 from claimkit.protocol.models import (

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import StoreWrapper, server_now, zrange
 
 from claimkit.producer import CANCEL_TTL_SECONDS, Producer, SubmitError
 from claimkit.protocol.models import (
@@ -29,8 +29,11 @@ from claimkit.protocol.models import (
 )
 from claimkit.protocol.ops import ClaimCode, QueueOps, new_token
 from claimkit.protocol.routing import ResultRouting
-from claimkit.store import Arg, Store
-from claimkit.store.scripts import Script
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from claimkit.store import Arg, Store
 
 Q = "requests"
 TOKEN = "0123456789abcdef" * 2
@@ -335,42 +338,25 @@ def test_record_from_json() -> None:
     for bad in (b"[]", b'{"payload":"x"}', b'{"id":3}'):
         with pytest.raises(ValueError, match="not a terminal record"):
             TerminalRecord.from_json(bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011 - any ValueError: bad JSON has no own message
         TerminalRecord.from_json(b"{nope")
 
 
 # -- Producer (SPEC §2.2) ------------------------------------------------------------------------
 
 
-class RecordingStore:
+class RecordingStore(StoreWrapper):
     """Records MULTI/EXEC pipelines and delegates to a real store."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
+        super().__init__(inner)
         self.pipelines: list[tuple[list[list[Arg]], bool]] = []
-
-    async def command(self, *args: Arg) -> Any:
-        return await self.inner.command(*args)
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
         # Only writes are recorded: the producer's read-only check (TIME, TYPE) is not one.
         if transaction:
             self.pipelines.append(([list(c) for c in commands], transaction))
         return await self.inner.pipeline(commands, transaction=transaction)
-
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        return await self.inner.run(script, keys, args)
-
-
-async def server_now(store: Store) -> float:
-    sec, usec = await store.command("TIME")
-    return int(sec) + int(usec) / 1_000_000
-
-
-def zset(reply: Any) -> list[tuple[bytes, float]]:
-    if reply and isinstance(reply[0], list):
-        return [(m, float(s)) for m, s in reply]
-    return [(m, float(s)) for m, s in zip(reply[0::2], reply[1::2], strict=True)]
 
 
 async def test_submit_many_writes_one_transaction(store: Store) -> None:
@@ -387,7 +373,8 @@ async def test_submit_many_writes_one_transaction(store: Store) -> None:
             ]
         )
         t1 = await server_now(store)
-        assert len(tokens) == 2 and tokens[0] != tokens[1]
+        assert len(tokens) == 2
+        assert tokens[0] != tokens[1]
         assert all(re.fullmatch(r"[0-9a-f]{32}", t) for t in tokens)
 
         m1 = dumps(
@@ -422,7 +409,7 @@ async def test_submit_many_writes_one_transaction(store: Store) -> None:
             b"request-active:b",
             Q.encode(),
         ]
-        assert zset(await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")) == [(m1, d1), (m2, d2)]
+        assert await zrange(store, Q) == [(m1, d1), (m2, d2)]
         for rid, token, ttl in (("a", tokens[0], ttls[0]), ("b", tokens[1], ttls[1])):
             assert await store.command("GET", f"request-active:{rid}") == token.encode()
             pttl = await store.command("PTTL", f"request-active:{rid}")
@@ -443,7 +430,7 @@ async def test_submit_a_whole_envelope_with_internal_fields(store: Store) -> Non
                 }
             ]
         )
-        ((raw, _),) = zset(await store.command("ZRANGE", Q, 0, -1, "WITHSCORES"))
+        ((raw, _),) = await zrange(store, Q)
         assert json.loads(raw)["internal"] == {"queue_id": "x", "request_token": token}
         assert await store.command("GET", "request-active:e") == token.encode()
 

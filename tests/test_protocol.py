@@ -13,12 +13,11 @@ import json
 import random
 import re
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
-from redis_state import Between, server_now, snapshot
+from support import Between, StoreWrapper, server_now, snapshot
 
 from claimkit.protocol.keys import QueueKeys
 from claimkit.protocol.models import (
@@ -43,7 +42,11 @@ from claimkit.protocol.ops import (
     token_time,
 )
 from claimkit.store import Arg, ScriptCall, Store, StoreError
-from claimkit.store.scripts import Script
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from claimkit.store.scripts import Script
 
 Q = "{tenant-a}:requests"
 K = QueueKeys.for_queue(Q)
@@ -297,7 +300,8 @@ async def test_a_cancel_key_of_another_type_is_not_a_cancellation(store: Store) 
         assert codes == [ClaimCode.CLAIMED, ClaimCode.CLAIMED]
         state = await snapshot(store)
         assert state[K.owners] == {b"a": tokens[0].encode(), b"b": tokens[1].encode()}
-        assert Q not in state and [m for m, _ in state[K.index]] == [b"a", b"b"]
+        assert Q not in state
+        assert [m for m, _ in state[K.index]] == [b"a", b"b"]
         assert await store.command("LRANGE", "request-cancel:a", 0, -1) == [gen.encode()]
 
 
@@ -366,7 +370,8 @@ def test_tokens_are_uuid7_stamped_with_the_claim_time() -> None:
         assert token[13:15] == "c1"  # claimkit's tag
         assert token_time(token) == 1_796_000_000.123  # milliseconds, truncated
     # The random bits vary in every position they occupy.
-    assert len({t[15] for t in tokens}) == 16 and len({t[17:] for t in tokens}) == 2000
+    assert len({t[15] for t in tokens}) == 16
+    assert len({t[17:] for t in tokens}) == 2000
 
 
 GOOD = new_token(1_796_000_000)
@@ -444,11 +449,11 @@ async def test_renew_wrong_token_or_gone_changes_nothing(store: Store) -> None:
         assert await snapshot(store) == before  # no index entry created for "nobody"
 
 
-class CountingStore:
+class CountingStore(StoreWrapper):
     """Delegates to a real store; records each round trip and each script call."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
+        super().__init__(inner)
         self.trips: list[tuple[str, int]] = []  # (method, commands or script calls sent)
         self.runs: list[str] = []  # script names, one per script call
 

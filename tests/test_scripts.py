@@ -14,22 +14,24 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.metadata
-import json
 import re
 import shutil
-from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from support import StoreWrapper, member, server_now
 
 from claimkit.protocol.models import Envelope, Invalid, TerminalRecord, parse_member
 from claimkit.protocol.ops import AckItem, QueueOps, move_retries
 from claimkit.store import Arg, ScriptCall, Store, StoreError
 from claimkit.store import scripts as _scripts
 from claimkit.store.scripts import Script, ScriptError, all_scripts, script
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
 
 SOURCE_LUA = Path(__file__).resolve().parent.parent / "lua"
 """The source tree's ``lua/`` (tests run from a checkout)."""
@@ -389,19 +391,12 @@ def test_header_documents_exactly_numkeys_keys(name: str) -> None:
     assert "Output:" in header(s.source)
 
 
-class RecordingStore:
+class RecordingStore(StoreWrapper):
     """A store that records every script call and delegates to a real one."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self.runs: list[tuple[str, list[str]]] = []
-
-    async def command(self, *args: Arg) -> Any:
-        return await self.inner.command(*args)
-
-    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
-        return await self.inner.pipeline(commands, transaction=transaction)
 
     async def run(self, s: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         self.runs.append((s.name, list(keys)))
@@ -412,29 +407,13 @@ class RecordingStore:
         return await self.inner.run_many(s, calls)
 
 
-def member(rid: str, deadline: int) -> bytes:
-    return json.dumps(
-        {
-            "internal": {"request_token": "ab" * 16},
-            "request_kind": "plain",
-            "data": {"id": rid, "deadline": deadline},
-        },
-        separators=(",", ":"),
-    ).encode()
-
-
-async def server_now(store: Store) -> float:
-    sec, usec = await store.command("TIME")
-    return int(sec) + int(usec) / 1_000_000
-
-
 async def test_queue_ops_pass_the_documented_keys(store: Store) -> None:
     with trio.fail_after(10):
         rec = RecordingStore(store)
         ops = QueueOps(rec, Q)
         now = await server_now(store)
         deadline = int(now) + 600
-        raw = member("a", deadline)
+        raw = member("a", deadline, request_token="ab" * 16)
         await store.command("ZADD", Q, deadline, raw)
         env = parse_member(raw)
         bad = parse_member(b"not json")
