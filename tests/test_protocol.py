@@ -200,7 +200,7 @@ async def test_claim_lost_race_writes_nothing(store: Store) -> None:
         here, gone = member("here", now + 60), member("gone", now + 60)
         await zadd(store, Q, [(now + 60, here)])
         _, codes, tokens = await claim_all(ops, [gone, here])
-        assert codes == [ClaimCode.LOST, ClaimCode.CLAIMED]
+        assert codes == [ClaimCode.NOT_PENDING, ClaimCode.CLAIMED]
         state = await snapshot(store)
         assert state[K.claimed] == claimed_hash(("here", here, str(now + 60).encode()))
         assert state[K.owners] == {b"here": tokens[1].encode()}
@@ -209,7 +209,7 @@ async def test_claim_lost_race_writes_nothing(store: Store) -> None:
         # A member a ZPOPMIN consumer took between peek and claim: nothing at all is written.
         await store.command("FLUSHDB")
         _, codes, _ = await claim_all(ops, [gone])
-        assert codes == [ClaimCode.LOST]
+        assert codes == [ClaimCode.NOT_PENDING]
         assert await snapshot(store) == {}
 
 
@@ -223,7 +223,9 @@ async def test_a_second_claim_of_a_claimed_member_is_lost(store: Store) -> None:
         assert codes == [ClaimCode.CLAIMED]
         before = await snapshot(store)
         _, codes, _ = await claim_all(rival, [raw])
-        assert codes == [ClaimCode.LOST]  # the rival lost the race: it may poll again at once
+        assert codes == [
+            ClaimCode.NOT_PENDING
+        ]  # the rival lost the race: it may poll again at once
         assert await snapshot(store) == before
 
 
@@ -317,7 +319,7 @@ async def test_claim_of_an_expired_deadline_gets_a_floor_lease(store: Store) -> 
         assert codes == [ClaimCode.CLAIMED]
         assert (await snapshot(store))[K.index] == [(b"late", pytest.approx(snow + 30, abs=1e-5))]
         snow, codes, _ = await claim_all(ops, [member("late2", now - 100)], ttl=5)
-        assert codes == [ClaimCode.LOST]  # not pending at all
+        assert codes == [ClaimCode.NOT_PENDING]  # not pending at all
 
 
 async def test_claim_batches_larger_than_a_chunk(store: Store) -> None:

@@ -176,9 +176,10 @@ DEADLINE_EXCEEDED_MESSAGE = "deadline exceeded"
 
 
 def deadline_record(env: Envelope, last: TerminalRecord | None = None) -> TerminalRecord:
-    """The record of a request its deadline ended (docs/protocol.md#dispatch): ``last``, the
-    last HTTP response of the attempt just made, else the one an earlier attempt left in
-    the member (:attr:`Envelope.last_response`), else ``DEADLINE_EXCEEDED`` with
+    """The record of a request its deadline ended
+    (docs/dispatch.md#the-deadline-ends-retries): ``last``, the last HTTP response of the
+    attempt just made, else the one an earlier attempt left in the member
+    (:attr:`Envelope.last_response`), else ``DEADLINE_EXCEEDED`` with
     :data:`DEADLINE_EXCEEDED_MESSAGE`."""
     if last is None:
         last = env.last_response

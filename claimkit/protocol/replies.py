@@ -29,7 +29,7 @@ class ClaimCode(enum.IntEnum):
     """Per-candidate replies of the claim script (``lua/claim-4.lua``,
     docs/protocol.md#claim)."""
 
-    LOST = 0
+    NOT_PENDING = 0
     """No longer pending: another consumer claimed it first (or it was acked or moved)."""
     CLAIMED = 1
     CANCELLED = 2
