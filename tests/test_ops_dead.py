@@ -17,6 +17,7 @@ from claimkit.ops.dead import (
     purge_dead,
     requeue_dead,
 )
+from claimkit.protocol.operator import OperatorScripts
 from claimkit.protocol.ops import CHUNK, QueueOps
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ async def test_requeue_all_pages_past_one_chunk_around_stuck_members(store: Stor
 
 
 async def test_the_requeue_script_skips_members_no_longer_dead(store: Store) -> None:
-    ops = QueueOps(store, Q)
+    ops = OperatorScripts(store, Q)
     with trio.fail_after(10):
         raw = member("a", 1_900_000_000)
         assert await ops.requeue_dead([raw], keep_marker=False) == [0]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from claimkit.config import Config
 from claimkit.config.gate_params import budget_key
 from claimkit.protocol import keys as _keys
-from claimkit.protocol.ops import script_source
+from claimkit.protocol.operator import script_source
 
 __all__ = ["ROLES", "AclRule", "acl_rule"]
 

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from claimkit.ops.inspect import json_float, with_scores
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import Invalid, max_deliveries_message, parse_member
-from claimkit.protocol.ops import CHUNK, QueueOps, RequeueCode
+from claimkit.protocol.operator import OperatorScripts
+from claimkit.protocol.ops import CHUNK, RequeueCode
 
 if TYPE_CHECKING:
     from claimkit.store import Store
@@ -297,7 +298,9 @@ async def _requeue_page(
         else:
             report.refused.append(Refusal(dead, problem))
     codes = (
-        await QueueOps(store, queue).requeue_dead([d.member for d in accepted], keep_marker=keep)
+        await OperatorScripts(store, queue).requeue_dead(
+            [d.member for d in accepted], keep_marker=keep
+        )
         if accepted
         else []
     )

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from claimkit.config import WrongKeyType
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import retry_queue_name
-from claimkit.protocol.ops import QueueOps, first_wrong_type, token_time
+from claimkit.protocol.operator import OperatorScripts
+from claimkit.protocol.ops import first_wrong_type, token_time
 
 if TYPE_CHECKING:
     from claimkit.store import Store
@@ -297,7 +298,7 @@ async def snapshot(
     """
     if limit < 0:
         raise ValueError("limit must be 0 (all) or more")
-    found = await QueueOps(store, queue).inspect(limit, CLAIM_SCAN_MAX)
+    found = await OperatorScripts(store, queue).inspect(limit, CLAIM_SCAN_MAX)
     now = found.server_now
     rows: list[ClaimRow] = []
     for claim in found.rows:

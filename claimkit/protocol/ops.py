@@ -11,20 +11,25 @@ consumer, the operator commands and the tests all call the protocol through it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecord
 from claimkit.protocol.replies import ClaimCode as ClaimCode
-from claimkit.protocol.replies import InspectReply, RequeueCode
 from claimkit.protocol.replies import ParkCode as ParkCode
 from claimkit.protocol.replies import ReclaimCounts as ReclaimCounts
 from claimkit.protocol.replies import ReleaseCode as ReleaseCode
 from claimkit.protocol.replies import RenewCode as RenewCode
+from claimkit.protocol.replies import RequeueCode as RequeueCode
 from claimkit.protocol.replies import orphans_message as orphans_message
 from claimkit.protocol.routing import ResultRouting
+from claimkit.protocol.store_calls import CHUNK as CHUNK
+from claimkit.protocol.store_calls import as_int as _int
+from claimkit.protocol.store_calls import chunks as _chunks
+from claimkit.protocol.store_calls import first_wrong_type as first_wrong_type
+from claimkit.protocol.store_calls import move_retries as move_retries
 from claimkit.protocol.tokens import new_token as new_token
 from claimkit.protocol.tokens import token_time as token_time
 from claimkit.store.scripts import script
@@ -49,25 +54,14 @@ __all__ = [
     "move_retries",
     "new_token",
     "orphans_message",
-    "script_source",
     "token_time",
 ]
-
-CHUNK = 500
-"""Items per script call. A chunk keeps one script near or under ~5 ms of Redis time."""
 
 RENEW_CHUNK = 1000
 """Claims per renew script call. ``lua/renew-2.lua`` costs ~3.5-5 us of Redis time per claim
 (half of it is only Redis building the script's ARGV), so 1000 claims stay near ~5 ms. A tick
 for 10k held claims is 10 such calls sent in one round trip (docs/performance.md,
 "Heartbeat")."""
-
-T = TypeVar("T")
-
-
-def _chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +103,6 @@ class _OrphanScan:
             return False
         self.target = _SCAN_CLAIMED
         return True
-
-
-def _int(value: Any) -> int:
-    return int(value)
 
 
 class QueueOps:
@@ -425,90 +415,6 @@ class QueueOps:
     async def first_wrong_type(self, expected: Mapping[str, str]) -> tuple[str, str, str] | None:
         """:func:`first_wrong_type` on this queue's store: any keys, not only this queue's."""
         return await first_wrong_type(self.store, expected)
-
-    # -- operator scripts (claimkit inspect, claimkit dead requeue) -----------------------------
-
-    async def inspect(self, limit: int, scan_max: int) -> InspectReply:
-        """Read the queue's own keys in one instant, writing nothing (``lua/inspect-6.lua``).
-
-        Args:
-            limit: at most this many claim rows, earliest lease expiry first; 0 = all.
-            scan_max: at most this many fields of each claim hash are read to count the
-                claims without a lease entry; 0 = no bound.
-
-        Cancellation: nothing is written, so a cancelled call leaves no trace.
-        """
-        k = self.keys
-        reply = await self.store.run(
-            script("inspect"),
-            [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead],
-            [limit, scan_max],
-        )
-        return InspectReply.from_reply(reply)
-
-    async def requeue_dead(
-        self, members: Sequence[bytes], *, keep_marker: bool
-    ) -> list[RequeueCode]:
-        """Move dead members back to pending at ``data.deadline`` by exact bytes, reset
-        their delivery counts and, unless ``keep_marker``, delete the dedup marker of their
-        generation (``lua/requeue-dead-3.lua``), one script call per :data:`CHUNK`.
-        Returns one :class:`RequeueCode` per member."""
-        k = self.keys
-        flag = "1" if keep_marker else "0"
-        codes: list[RequeueCode] = []
-        for chunk in _chunks(members):
-            args: list[Arg] = [_keys.RESULT_TERMINAL_PREFIX, flag, *chunk]
-            reply = await self.store.run(
-                script("requeue-dead"), [k.dead, k.pending, k.deliveries], args
-            )
-            codes += [RequeueCode(_int(v)) for v in reply]
-        return codes
-
-
-def script_source(name: str) -> str:
-    """The full Lua text of the script called ``name`` (``"claim"``), includes resolved: for
-    tools that read what a script does, such as ``claimkit acl`` collecting the commands
-    each role's scripts call. Raises ``KeyError`` if there is no such script."""
-    return script(name).source
-
-
-async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
-    """The retry mover (docs/protocol.md#retry-mover): move every due retry member back to
-    its queue at score = deadline, ``limit`` per script call, until none is due. Returns
-    ``(moved, dead)``: members that could not be routed go to ``<retry_set>:dead``."""
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
-    moved = dead = 0
-    more = True
-    while more:
-        reply = await store.run(
-            script("move-retries"), [retry_set, _keys.retry_dead(retry_set)], [limit]
-        )
-        m, d, more_flag = (_int(v) for v in reply)
-        moved, dead, more = moved + m, dead + d, bool(more_flag)
-    return moved, dead
-
-
-async def first_wrong_type(
-    store: Store, expected: Mapping[str, str]
-) -> tuple[str, str, str] | None:
-    """The first existing key of ``expected`` (key -> ``TYPE`` name, e.g.
-    :meth:`~claimkit.protocol.keys.QueueKeys.types`) holding another type, as
-    ``(key, found, expected)``; ``None`` when all are right or missing. One pipelined round
-    trip of ``TYPE`` calls.
-
-    Raises:
-        StoreUnavailable, StoreError: from the store.
-    """
-    names = list(expected)
-    if not names:
-        return None
-    replies = await store.pipeline([("TYPE", name) for name in names], transaction=False)
-    for name, reply in zip(names, replies, strict=True):
-        found = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
-        if found not in ("none", expected[name]):
-            return name, found, expected[name]
-    return None
 
 
 class QueueProtocol(Protocol):
