@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,8 @@ from claimkit.protocol.operator import OperatorScripts
 from claimkit.protocol.ops import CHUNK, RequeueCode
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
     from claimkit.store import Store
 
 __all__ = [

@@ -15,13 +15,14 @@ nothing runs to two records.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from claimkit.protocol.ops import CHUNK, QueueOps, ReleaseCode
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from claimkit.store import Store
 
 __all__ = ["DrainReport", "drain_claims", "list_claim_ids"]

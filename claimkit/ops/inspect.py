@@ -12,7 +12,6 @@ string, say) into one :class:`WrongKeyType` line before any script meets it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,8 @@ from claimkit.protocol.operator import OperatorScripts
 from claimkit.protocol.ops import first_wrong_type, token_time
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping, Sequence
+
     from claimkit.store import Store
 
 __all__ = [

@@ -11,7 +11,6 @@ consumer, the operator commands and the tests all call the protocol through it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -35,6 +34,8 @@ from claimkit.protocol.tokens import token_time as token_time
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from claimkit.store import Arg, Store
 
 __all__ = [

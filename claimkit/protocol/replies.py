@@ -8,9 +8,11 @@ replies of ``lua/reclaim-6.lua`` and ``lua/inspect-6.lua``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "ClaimCode",

@@ -3,13 +3,14 @@ key-type check, plus the chunking every batched call shares (docs/protocol.md)."
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from claimkit.protocol import keys as _keys
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
+
     from claimkit.store import Store
 
 __all__ = ["CHUNK", "as_int", "chunks", "first_wrong_type", "move_retries"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,8 @@ from claimkit.store.script_calls import run_pipelined
 from claimkit.store.tls import tls_file_error, tls_problem
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator, Sequence
+
     from claimkit.store.scripts import Script
 
 _NOOP = NoopCallback()  # type: ignore[var-annotated]

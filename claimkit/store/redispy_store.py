@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,6 +44,8 @@ from claimkit.store.script_calls import run_pipelined
 from claimkit.store.tls import tls_file_error, tls_problem
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator, Sequence
+
     from claimkit.store.scripts import Script
 
 __all__ = ["RedispyStore", "open_redispy_store"]

@@ -3,12 +3,12 @@ resend by EVAL the calls of a pipeline that Redis refused with NOSCRIPT."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from claimkit.store.interface import Arg, ScriptCall
-
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from claimkit.store.interface import Arg, ScriptCall
     from claimkit.store.scripts import Script
 
 __all__ = ["run_pipelined"]
