@@ -81,8 +81,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    session.install(".[test]", "mypy==2.4.1")
-    session.run("mypy", "claimkit")
+    """mypy --strict over claimkit/, tests/ and this file (pyproject.toml [tool.mypy]);
+    nox itself is installed for the types of this file."""
+    session.install(".[test]", "mypy==2.4.1", "nox")
+    session.run("mypy")
 
 
 @nox.session(python=PYTHON)

@@ -8,7 +8,13 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from claimkit.protocol import keys as _keys
-from claimkit.protocol.models import MAX_DEADLINE, Invalid, TerminalRecord, parse_member
+from claimkit.protocol.models import (
+    MAX_DEADLINE,
+    Invalid,
+    TerminalRecord,
+    deadline_passed,
+    parse_member,
+)
 
 if TYPE_CHECKING:
     from claimkit.store import Arg, Store
@@ -143,7 +149,7 @@ class Producer:
                 f"deadline is out of range: at most {MAX_DEADLINE} Unix seconds "
                 f"(9999-12-31T23:59:59Z), got {deadline}"
             )
-        if deadline <= now:
+        if deadline_passed(deadline, now):
             raise SubmitError("deadline has already expired")
         return rid, deadline
 

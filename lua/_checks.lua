@@ -12,6 +12,8 @@
 -- peek then dead-letters it as malformed). Never nil: a payload is never dropped.
 -- next_delivery(key, id): HINCRBY key id 1 that cannot fail: a field that is not a whole
 -- number (a hand edit) counts as 0.
+-- @include _member
+
 local function count_arg(i, lo)
   local n = tonumber(ARGV[i])
   if not n or n ~= math.floor(n) or n < lo or n > 9007199254740991 then
@@ -41,11 +43,8 @@ end
 local function claim_score(member, raw)
   local s = tonumber(raw)
   if s and s == s then return string.format('%.17g', s) end
-  local ok, doc = pcall(cjson.decode, member)
-  if ok and type(doc) == 'table' and type(doc.data) == 'table'
-      and type(doc.data.deadline) == 'number' and doc.data.deadline == doc.data.deadline then
-    return string.format('%.17g', doc.data.deadline)
-  end
+  local deadline = member_deadline(decode_member(member))
+  if deadline then return string.format('%.17g', deadline) end
   return '0'
 end
 

@@ -5,7 +5,7 @@
 -- The marker then holds the token (or "1" when the request has none).
 --
 -- marker_key: result-terminal:<id>; result_key: the result list; record: JSON bytes;
--- gen_token: internal.request_token or ""; dedup_ttl: whole seconds, 0 = no expiry;
+-- request_token: internal.request_token or ""; dedup_ttl: whole seconds, 0 = no expiry;
 -- fallback_key: the list used instead when result_key cannot take the record.
 -- Returns 1 when pushed, 0 when suppressed as a duplicate.
 --
@@ -20,12 +20,10 @@
 -- record is pushed and the SET below replaces it. Failing instead would fail the calling
 -- script after its earlier writes; in the reclaim script it would fail every reclaim pass
 -- of the queue from then on.
-local function push_terminal(marker_key, result_key, record, gen_token, dedup_ttl, fallback_key)
-  local prev = false
-  if redis.call('TYPE', marker_key)['ok'] == 'string' then
-    prev = redis.call('GET', marker_key)
-  end
-  if prev and (prev == '1' or gen_token == '' or prev == gen_token) then
+-- @include _guard-keys
+local function push_terminal(marker_key, result_key, record, request_token, dedup_ttl, fallback_key)
+  local prev = guarded_get(marker_key)
+  if prev and (prev == '1' or request_token == '' or prev == request_token) then
     return 0
   end
   local kind = redis.call('TYPE', result_key)['ok']
@@ -35,7 +33,7 @@ local function push_terminal(marker_key, result_key, record, gen_token, dedup_tt
   end
   if not usable then result_key = fallback_key end
   redis.call('LPUSH', result_key, record)
-  local value = gen_token
+  local value = request_token
   if value == '' then value = '1' end
   if dedup_ttl > 0 then
     redis.call('SET', marker_key, value, 'EX', dedup_ttl)

@@ -22,7 +22,7 @@
     ARGV[1] dedup ttl, whole seconds (0 = markers never expire)
     ARGV[2] fallback result list: where a record goes when its own list holds another type
     then seven per request, repeated:
-      id, token (ownership token), gen_token (internal.request_token or ""),
+      id, token (ownership token), request_token (internal.request_token or ""),
       marker_key (result-terminal:<id>), result_key (result list), record (JSON),
       member (the exact claimed bytes)
 
@@ -42,15 +42,15 @@ list_usable(fallback, 'the fallback result list')
 local out = {}
 
 for i = 3, #ARGV, 7 do
-  local id, token, gen_token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local id, token, request_token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local pushed, owned = 0, 0
   if redis.call('HGET', KEYS[3], id) == token then
-    pushed = push_terminal(ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], gen_token, dedup_ttl, fallback)
+    pushed = push_terminal(ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], request_token, dedup_ttl, fallback)
     drop_claim(KEYS[2], KEYS[3], KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
     owned = 1
   elseif redis.call('ZREM', KEYS[1], ARGV[i + 6]) == 1 then
-    pushed = push_terminal(ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], gen_token, dedup_ttl, fallback)
+    pushed = push_terminal(ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], request_token, dedup_ttl, fallback)
     redis.call('HDEL', KEYS[5], id)
   end
   out[#out + 1] = pushed

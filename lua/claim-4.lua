@@ -5,9 +5,9 @@
   already has a claim (or its fields would collide with one: ids "x" and "x:score" share
   the claimed hash), it is left pending (busy: a second generation of a reused id waits for
   the first to finish). Otherwise ZREM it from pending and record the claim.
-  Lease expiry = min(server_now + lease_ttl, deadline + 30), but never less than
-  server_now + min(lease_ttl, 30): a request whose deadline already passed is claimed only
-  to be acked with DEADLINE_EXCEEDED, and must not be reclaimable before that ack.
+  Lease expiry (lua/_lease.lua) = min(server_now + lease_ttl, deadline + 30), but never less
+  than server_now + min(lease_ttl, 30): a request whose deadline already passed is claimed
+  only to be acked with DEADLINE_EXCEEDED, and must not be reclaimable before that ack.
 
   Input:
     KEYS[1] pending ZSET           <q>
@@ -22,7 +22,7 @@
       id           data.id
       token        fresh ownership token (hex)
       deadline     data.deadline, Unix seconds
-      gen_token    internal.request_token or ""
+      request_token internal.request_token or "" (the request generation)
 
   Output: { server_now (string, Unix seconds), code_1, ..., code_n } where code is
     1 claimed, 2 claimed and found cancelled (its request-cancel marker,
@@ -44,7 +44,7 @@ local out = { fmt_time(now) }
 
 for i = 3, #ARGV, 5 do
   local member, id, token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local deadline, gen_token = tonumber(ARGV[i + 3]), ARGV[i + 4]
+  local deadline, request_token = tonumber(ARGV[i + 3]), ARGV[i + 4]
   local code = 0
   local score = redis.call('ZSCORE', KEYS[1], member)
   if not score then
@@ -59,11 +59,8 @@ for i = 3, #ARGV, 5 do
     redis.call('HSET', KEYS[3], id, token)
     redis.call('ZADD', KEYS[4], lease_expiry(now, lease_ttl, deadline), id)
     code = 1
-    -- A cancel key of another type cannot hold the token: not cancelled. (Reading it
-    -- would fail the script with this batch half written.)
-    local cancel_key = cancel_prefix .. id
-    if gen_token ~= '' and redis.call('TYPE', cancel_key)['ok'] == 'string'
-        and redis.call('GET', cancel_key) == gen_token then
+    -- A cancel key of another type cannot hold the token: not cancelled (guarded_get).
+    if request_token ~= '' and guarded_get(cancel_prefix .. id) == request_token then
       code = 2
     end
   end

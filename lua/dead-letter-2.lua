@@ -11,7 +11,7 @@
     ARGV[1] dedup ttl, whole seconds (0 = no expiry)
     ARGV[2] fallback result list: where a record goes when its own list holds another type
     then five per member, repeated:
-      member (exact bytes), gen_token ("" when unreadable), marker_key ("" = no record),
+      member (exact bytes), request_token (internal.request_token, "" when unreadable), marker_key ("" = no record),
       result_key, record (JSON)
 
   Output: { moved_1, pushed_1, ..., moved_n, pushed_n }: moved is 1 when this call moved

@@ -17,6 +17,7 @@
 -- @include _server-now
 -- @include _guard-keys
 -- @include _checks
+-- @include _member
 
 guard_keys('zset', 'zset')
 
@@ -26,14 +27,10 @@ local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, li
 local moved, dead = 0, 0
 
 for _, member in ipairs(due) do
-  local ok, doc = pcall(cjson.decode, member)
-  local queue, deadline
-  if ok and type(doc) == 'table' and type(doc.internal) == 'table' and type(doc.data) == 'table' then
-    queue = doc.internal.request_queue_name
-    deadline = doc.data.deadline
-  end
+  local doc = decode_member(member)
+  local queue, deadline = member_internal(doc, 'request_queue_name'), member_deadline(doc)
   redis.call('ZREM', KEYS[1], member)
-  local routable = type(queue) == 'string' and queue ~= '' and type(deadline) == 'number'
+  local routable = queue ~= nil and deadline ~= nil
   if routable then
     -- A destination of another type would fail the ZADD after the ZREM: the script is not
     -- rolled back, so the member would be lost. Dead-letter it instead.

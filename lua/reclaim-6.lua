@@ -3,7 +3,8 @@
 
   Takes up to `limit` expired claims. Each goes back to pending at its original score with
   its delivery count incremented; one whose count reaches max_deliveries goes to the dead
-  set instead and gets a MAX_DELIVERIES_EXCEEDED record (once per generation). Index
+  set instead and gets a MAX_DELIVERIES_EXCEEDED record (once per generation; its JSON from
+  lua/_record.lua, the bytes TerminalRecord.to_json would write). Index
   entries with no claimed payload (ghosts) are removed.
 
   Claims without a lease entry (orphans: the index entry was evicted, lost in a partial
@@ -35,7 +36,8 @@
     ARGV[1] limit: at most this many expired claims per call
     ARGV[2] max_deliveries (0 = unlimited)
     ARGV[3] the queue's configured result list, or "" (then the member's
-            internal.result_queue_name, then ARGV[4])
+            internal.result_queue_name, then ARGV[4]): the routing rule of
+            claimkit.protocol.routing.ResultRouting, which sends both (lua_args)
     ARGV[4] the global result list (also where a record goes when its own list holds
             another type)
     ARGV[5] dedup marker prefix "result-terminal:"
@@ -62,6 +64,8 @@
 -- @include _guard-keys
 -- @include _checks
 -- @include _lease
+-- @include _member
+-- @include _record
 
 guard_keys('zset', 'hash', 'hash', 'zset', 'hash', 'zset')
 
@@ -129,12 +133,7 @@ local redelivered, dead, ghosts = 0, 0, 0
 -- The orphans' leases, as claim-4.lua would take them now (the deadline from the payload;
 -- one that cannot be read gives now + lease_ttl).
 for _, entry in ipairs(restore) do
-  local deadline
-  local ok, doc = pcall(cjson.decode, entry[2])
-  if ok and type(doc) == 'table' and type(doc.data) == 'table'
-      and type(doc.data.deadline) == 'number' and doc.data.deadline == doc.data.deadline then
-    deadline = doc.data.deadline
-  end
+  local deadline = member_deadline(decode_member(entry[2]))
   redis.call('ZADD', KEYS[4], lease_expiry(now, lease_ttl, deadline), entry[1])
 end
 
@@ -148,28 +147,18 @@ for k, id in ipairs(expired) do
     if max_deliveries > 0 and n >= max_deliveries then
       redis.call('ZADD', KEYS[6], now, member)
       redis.call('HDEL', KEYS[5], id)
-      local gen_token, result_key = '', ARGV[3]
-      local ok, doc = pcall(cjson.decode, member)
-      if ok and type(doc) == 'table' and type(doc.internal) == 'table' then
-        if type(doc.internal.request_token) == 'string' then
-          gen_token = doc.internal.request_token
-        end
-        if result_key == '' and type(doc.internal.result_queue_name) == 'string'
-            and doc.internal.result_queue_name ~= '' then
-          result_key = doc.internal.result_queue_name
-        end
-      end
-      if result_key == '' then result_key = ARGV[4] end
+      local doc = decode_member(member)
+      local request_token = member_internal(doc, 'request_token') or ''
+      local result_key = ARGV[3]
+      if result_key == '' then result_key = member_internal(doc, 'result_queue_name') or ARGV[4] end
       -- n counts lease expiries without an ack (<q>:deliveries). The same text as
       -- claimkit.protocol.models.max_deliveries_message (a test compares them).
       local times = 'times'
       if n == 1 then times = 'time' end
       local message = 'lease expired ' .. n .. ' ' .. times
         .. ' without an ack (max_deliveries=' .. max_deliveries .. ')'
-      local record = '{"id":' .. cjson.encode(id)
-        .. ',"payload":' .. cjson.encode(cjson.encode({ error = message }))
-        .. ',"error_code":"MAX_DELIVERIES_EXCEEDED","error_message":' .. cjson.encode(message) .. '}'
-      push_terminal(ARGV[5] .. id, result_key, record, gen_token, tonumber(ARGV[6]), ARGV[4])
+      local record = error_record(id, 'MAX_DELIVERIES_EXCEEDED', message)
+      push_terminal(ARGV[5] .. id, result_key, record, request_token, tonumber(ARGV[6]), ARGV[4])
       dead = dead + 1
     else
       redis.call('ZADD', KEYS[1], score, member)

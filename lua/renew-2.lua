@@ -16,12 +16,14 @@
       id, token (the caller's ownership token), deadline (Unix seconds)
 
   Output: { server_now (string, Unix seconds), code_1, ..., code_n } where code is
-    1 renewed (expiry = min(now + ttl, deadline + 30)), 0 gone (acked, released or
-    reclaimed), -1 taken by another token.
+    1 renewed (the lease rule of lua/_lease.lua, as a claim taken now: expiry =
+    min(now + ttl, deadline + 30), never less than now + min(ttl, 30)), 0 gone (acked,
+    released or reclaimed), -1 taken by another token.
 ]]
 -- @include _server-now
 -- @include _guard-keys
 -- @include _checks
+-- @include _lease
 
 guard_keys('hash', 'zset')
 
@@ -45,7 +47,7 @@ for first = 0, n - 1, STEP do
     local owner = owners[k]
     local code = 0
     if owner == ARGV[3 + 3 * j] then
-      leases[#leases + 1] = math.min(now + lease_ttl, tonumber(ARGV[4 + 3 * j]) + 30)
+      leases[#leases + 1] = lease_expiry(now, lease_ttl, tonumber(ARGV[4 + 3 * j]))
       leases[#leases + 1] = ids[k]
       code = 1
     elseif owner then

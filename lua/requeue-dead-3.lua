@@ -22,6 +22,7 @@
     more), -1 left dead (no readable data.deadline).
 ]]
 -- @include _guard-keys
+-- @include _member
 
 guard_keys('zset', 'zset', 'hash')
 
@@ -33,26 +34,18 @@ for i = 3, #ARGV do
   local code = 0
   if redis.call('ZSCORE', KEYS[1], member) then
     code = -1
-    local ok, doc = pcall(cjson.decode, member)
-    if ok and type(doc) == 'table' and type(doc.data) == 'table'
-        and type(doc.data.deadline) == 'number' and doc.data.deadline > 0 then
+    local doc = decode_member(member)
+    local deadline = member_deadline(doc)
+    if deadline and deadline > 0 then
       redis.call('ZREM', KEYS[1], member)
-      redis.call('ZADD', KEYS[2], string.format('%.17g', doc.data.deadline), member)
-      local id = doc.data.id
-      if type(id) == 'string' and id ~= '' then
+      redis.call('ZADD', KEYS[2], string.format('%.17g', deadline), member)
+      local id = member_id(doc)
+      if id then
         redis.call('HDEL', KEYS[3], id)
-        if not keep_marker then
-          local token = '1'
-          if type(doc.internal) == 'table' and type(doc.internal.request_token) == 'string'
-              and doc.internal.request_token ~= '' then
-            token = doc.internal.request_token
-          end
-          -- A marker key of another type is no marker of this generation (and a GET on
-          -- it would fail the script after the moves above).
-          if redis.call('TYPE', prefix .. id)['ok'] == 'string'
-              and redis.call('GET', prefix .. id) == token then
-            redis.call('DEL', prefix .. id)
-          end
+        -- A marker key of another type is no marker of this generation (guarded_get).
+        local token = member_internal(doc, 'request_token') or '1'
+        if not keep_marker and guarded_get(prefix .. id) == token then
+          redis.call('DEL', prefix .. id)
         end
       end
       code = 1

@@ -19,12 +19,15 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from claimkit.dev.redis_server import RedisServer, RedisServerError, _call, find_server_binary
+from claimkit.dev.redis_server import RedisServer, RedisServerError, find_server_binary
+from claimkit.dev.resp_client import call as _call
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 HOST = "127.0.0.1"
 BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000

@@ -35,7 +35,9 @@ from claimkit.protocol.models import (
     max_deliveries_message,
     parse_member,
 )
-from claimkit.protocol.ops import CHUNK, ORPHAN_SCAN_COUNT, AckItem, ClaimCode, ReclaimCounts
+from claimkit.protocol.ops import CHUNK, ORPHAN_SCAN_COUNT, AckItem
+from claimkit.protocol.replies import ClaimCode, ParkCode, ReclaimCounts, ReleaseCode, RenewCode
+from claimkit.protocol.routing import ResultRouting
 
 if TYPE_CHECKING:
     from claimkit.config import Config, QueueConfig
@@ -47,19 +49,14 @@ GRACE = 30.0
 """While a request's deadline is ahead, its lease never runs more than this past it."""
 
 
-# -- the lease rules (docs/protocol.md#claim, docs/protocol.md#heartbeat) ---------------------
+# -- the lease rule (docs/protocol.md#claim, docs/protocol.md#heartbeat) ----------------------
 
 
-def claim_expiry(now: float, lease_ttl: float, deadline: float) -> float:
-    """A claim's lease expiry (``lua/_lease.lua``): ``min(now + ttl, deadline + 30)``, never
-    earlier than ``now + min(ttl, 30)``."""
+def lease_expiry(now: float, lease_ttl: float, deadline: float) -> float:
+    """The expiry of a lease taken or renewed at ``now`` (``lua/_lease.lua``, the one rule
+    of claim and heartbeat): ``min(now + ttl, deadline + 30)``, never earlier than
+    ``now + min(ttl, 30)``."""
     return max(min(now + lease_ttl, deadline + GRACE), now + min(lease_ttl, GRACE))
-
-
-def renew_expiry(now: float, lease_ttl: float, deadline: float) -> float:
-    """A renewed lease's expiry (``lua/renew-2.lua``): ``min(now + ttl, deadline + 30)``,
-    without the claim rule's floor."""
-    return min(now + lease_ttl, deadline + GRACE)
 
 
 # -- the server ------------------------------------------------------------------------------
@@ -273,17 +270,17 @@ class FakeQueueOps:
         self.retry_set = retry_set
         self.queue = queue
         self.q = server.queue(queue)
-        self.result_list = result_list
-        self.default_result_list = default_result_list
+        self.routing = ResultRouting(result_list, default_result_list)
+        self.result_list = self.routing.queue_list
         self.dedup_ttl = dedup_ttl
         self.lease_ttl = lease_ttl
 
     def result_list_for(self, member_result_list: str | None) -> str:
-        return self.result_list or member_result_list or self.default_result_list
+        return self.routing.list_for(member_result_list)
 
     @property
     def fallback_result_list(self) -> str:
-        return self.result_list or self.default_result_list
+        return self.routing.fallback
 
     async def _enter(self, op: str, ids: Sequence[str] = ()) -> float:
         await self.server.enter(op, self.queue, ids)
@@ -316,22 +313,22 @@ class FakeQueueOps:
 
     async def claim(
         self, candidates: Sequence[tuple[Envelope, str]], lease_ttl: float
-    ) -> tuple[float, list[int]]:
+    ) -> tuple[float, list[ClaimCode]]:
         if not candidates:
             return 0.0, []
         now = await self._enter("claim", [env.id for env, _ in candidates])
         return now, [self._claim_one(env, token, now, lease_ttl) for env, token in candidates]
 
-    def _claim_one(self, env: Envelope, token: str, now: float, lease_ttl: float) -> int:
+    def _claim_one(self, env: Envelope, token: str, now: float, lease_ttl: float) -> ClaimCode:
         q = self.q
         if env.raw not in q.pending:
-            return ClaimCode.LOST
+            return ClaimCode.NOT_PENDING
         fields = q.claimed_fields()
         if env.id in q.claims or env.id in fields or env.id + ":score" in fields:
             return ClaimCode.BUSY
         score = q.pending.pop(env.raw)
         q.claims[env.id] = FakeClaim(
-            env.raw, score, token, claim_expiry(now, lease_ttl, env.deadline)
+            env.raw, score, token, lease_expiry(now, lease_ttl, env.deadline)
         )
         if env.request_token and self.server.cancels.get(env.id) == env.request_token:
             return ClaimCode.CANCELLED
@@ -339,20 +336,20 @@ class FakeQueueOps:
 
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
-    ) -> tuple[float, list[int]]:
+    ) -> tuple[float, list[RenewCode]]:
         if not claims:
             return 0.0, []
         now = await self._enter("renew", [rid for rid, _, _ in claims])
-        codes = []
+        codes: list[RenewCode] = []
         for rid, token, deadline in claims:
             claim = self.q.claims.get(rid)
             if claim is None:
-                codes.append(0)
+                codes.append(RenewCode.GONE)
             elif claim.token != token:
-                codes.append(-1)
+                codes.append(RenewCode.TAKEN)
             else:
-                claim.expiry = renew_expiry(now, lease_ttl, deadline)
-                codes.append(1)
+                claim.expiry = lease_expiry(now, lease_ttl, deadline)
+                codes.append(RenewCode.RENEWED)
         return now, codes
 
     # -- ack, park, release ----------------------------------------------------------------
@@ -377,39 +374,39 @@ class FakeQueueOps:
 
     async def park(
         self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
-    ) -> tuple[float, list[int]]:
+    ) -> tuple[float, list[ParkCode]]:
         if not items:
             return 0.0, []
         now = await self._enter("park", [rid for rid, *_ in items])
-        codes = []
+        codes: list[ParkCode] = []
         retry = self.server.retry.setdefault(retry_set, {})
         for rid, token, delay, member in items:
             claim = self.q.claims.get(rid)
             if claim is None or claim.token != token:
-                codes.append(0)
+                codes.append(ParkCode.NOT_OWNED)
                 continue
             del self.q.claims[rid]
             retry[member] = now + delay
-            codes.append(1)
+            codes.append(ParkCode.PARKED)
         return now, codes
 
-    async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[int]:
+    async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[ReleaseCode]:
         if not claims:
             return []
         await self._enter("release", [rid for rid, _, _ in claims])
-        codes = []
+        codes: list[ReleaseCode] = []
         for rid, token, expected in claims:
             claim = self.q.claims.get(rid)
             if claim is None:
-                codes.append(0)
+                codes.append(ReleaseCode.GONE)
             elif claim.token != token:
-                codes.append(-1)
+                codes.append(ReleaseCode.TAKEN)
             elif expected is not None and claim.expiry != expected:
-                codes.append(-2)
+                codes.append(ReleaseCode.RENEWED_SINCE)
             else:
                 del self.q.claims[rid]
                 self.q.pending[claim.member] = claim.score
-                codes.append(1)
+                codes.append(ReleaseCode.RELEASED)
         return codes
 
     # -- reclaim -------------------------------------------------------------------------------

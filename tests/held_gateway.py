@@ -16,10 +16,12 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 HOLD_LIMIT = 120.0
 """Seconds a held request waits at most (a test that forgot to release still ends)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import trio
-from redis_state import free_port, mask_noperm, redis, snapshot, wait_port
+from support import free_port, mask_noperm, redis, snapshot, wait_port
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -238,7 +238,7 @@ def test_the_printed_rules_are_enough_for_every_command(
 
 
 def state(url: str) -> dict[str, Any]:
-    """The whole keyspace (``redis_state.snapshot``), a string's TTL reduced to whether it
+    """The whole keyspace (``support.snapshot``), a string's TTL reduced to whether it
     has one: on a loaded machine a CLI process can take longer than the TTL tolerance."""
     out = redis(url, snapshot)
     for name, value in out.items():

@@ -26,12 +26,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from support import make_config
 
-from claimkit.config import load_config
 from claimkit.consumer.consumer import Consumer, QueueRuntime
 from claimkit.consumer.dispatch import Done, Outcome
 from claimkit.producer import Producer
@@ -39,21 +39,21 @@ from claimkit.protocol.models import Envelope, TerminalRecord, parse_member
 from claimkit.protocol.ops import QueueOps, new_token
 from claimkit.store import Store, open_store
 
+if TYPE_CHECKING:
+    from claimkit.config import Config
+
 CHAOS = Path(__file__).resolve().parent.parent / "bench" / "chaos.py"
 Q = "requests"
 
 
-def config(redis_url: str, **overrides: Any) -> Any:
-    doc: dict[str, Any] = {
-        "url": redis_url,
+def config(redis_url: str, **overrides: Any) -> Config:
+    fields = {
         "poll_interval_ms": 20,
         "metrics_port": 0,
         "health_port": 0,
         "drain_timeout_seconds": 1,
-        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
     }
-    doc.update(overrides)
-    return load_config(inline=json.dumps(doc))
+    return make_config(redis_url, queue=Q, **fields | overrides)
 
 
 @pytest.mark.slow
@@ -84,7 +84,8 @@ def test_short_chaos_run(tmp_path: Path) -> None:
         "term",
         "start",
     }
-    assert figures["poll_batches"] > 0 and figures["snapshots"] > 10
+    assert figures["poll_batches"] > 0
+    assert figures["snapshots"] > 10
 
 
 async def test_a_poll_batch_is_dispatched_in_deadline_order(store: Store, redis_url: str) -> None:

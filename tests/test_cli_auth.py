@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from redis_state import do
+from support import do
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -34,7 +34,8 @@ def test_missing_and_wrong_passwords_are_named(redis_factory: RedisFactory) -> N
         assert result.exit_code == 1, result.output
         (line,) = result.stderr.splitlines()
         assert line.startswith(start), line
-        assert "nope" not in line and "s3cret" not in line
+        assert "nope" not in line
+        assert "s3cret" not in line
     # The password percent-encoded, as URLs want it, and raw: both reach Redis decoded.
     for password in ("s3cret%20pw", "s3cret pw"):
         ok = CliRunner().invoke(

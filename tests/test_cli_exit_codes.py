@@ -12,27 +12,22 @@ tests/test_serve_process.py; ``demo``'s in tests/test_demo.py.
 
 from __future__ import annotations
 
-import json
-import socket
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pytest
-from redis_state import do
+from support import closed_port, config_json, do
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 runner = CliRunner()
 Q = "jobs"
 LIVE = (
     b'{"internal":{"request_token":"t1"},"request_kind":"plain","data":{"id":"%s","deadline":%d}}'
 )
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def seed(url: str) -> None:
@@ -45,10 +40,6 @@ def seed(url: str) -> None:
         ("ZADD", f"{Q}:dead", 1_700_000_000, LIVE % (b"d1", 1_900_000_000)),
         ("LPUSH", "result-list", b'{"id":"x","status_code":200,"payload":"{}"}'),
     )
-
-
-def transport(url: str) -> str:
-    return json.dumps({"url": url, "queues": [{"queue_name": Q, "igw_base_url": "http://x:9"}]})
 
 
 # (args, exit status) with the seeded Redis as $REDIS_URL. "{cfg}" is a transport config.
@@ -106,7 +97,9 @@ CASES: list[tuple[list[str], int]] = [
 @pytest.mark.parametrize(("args", "code"), CASES, ids=[" ".join(a) or "-" for a, _ in CASES])
 def test_exit_status(redis_url: str, args: Sequence[str], code: int) -> None:
     seed(redis_url)
-    argv = [transport(redis_url) if a == "{cfg}" else a for a in args]
+    argv = [
+        config_json(redis_url, queue=Q, gateway="http://x:9") if a == "{cfg}" else a for a in args
+    ]
     before = do(redis_url, ("DBSIZE",))[0] if code == 2 else None
     result = runner.invoke(app, argv, env={"REDIS_URL": redis_url, "COLUMNS": "200"})
     assert result.exit_code == code, (result.exit_code, result.output, result.exception)

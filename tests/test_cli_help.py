@@ -12,16 +12,18 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 runner = CliRunner()
 CLAIMKIT = Path(sys.executable).with_name("claimkit")

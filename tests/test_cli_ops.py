@@ -11,15 +11,22 @@ import gc
 import io
 import json
 import re
-import socket
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import trio
-from redis_state import do, redis
 from rich.console import Console
-from typer.testing import CliRunner, Result
+from support import (
+    closed_port,
+    config_json,
+    do,
+    invoke,
+    member,
+    one_line_error,
+    redis,
+    server_now_sync,
+)
+from typer.testing import CliRunner
 
 from claimkit.cli.app import app
 from claimkit.cli.inspect_command import live_watch
@@ -29,50 +36,15 @@ from claimkit.protocol.models import Invalid, parse_member
 from claimkit.protocol.ops import QueueOps, new_token
 from claimkit.store import Arg, Store, open_store
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 T = TypeVar("T")
 
 Q = "jobs"
 TOKEN_A = "a" * 32
 TOKEN_B = "b" * 32
 runner = CliRunner()
-
-
-def config(url: str, **extra: Any) -> str:
-    doc: dict[str, Any] = {
-        "url": url,
-        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
-    }
-    doc.update(extra)
-    return json.dumps(doc)
-
-
-def invoke(args: Sequence[str], url: str | None = None) -> Result:
-    """Run ``claimkit ARGS`` with ``REDIS_URL`` set to ``url`` (unset when ``None``)."""
-    return runner.invoke(app, list(args), env={"REDIS_URL": url, "COLUMNS": "200"})
-
-
-def one_line_error(result: Result, text: str | None = None, code: int = 1) -> str:
-    """Assert ``result`` failed with exit status ``code`` (1: not done; 2: a usage error),
-    exactly one ``claimkit: ...`` line and no traceback."""
-    assert result.exit_code == code, (result.exit_code, result.output)
-    assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("claimkit: ")
-    assert "Traceback" not in result.output
-    if text is not None:
-        assert lines[0] == f"claimkit: {text}"
-    return lines[0]
-
-
-def member(rid: str, deadline: int, **internal: Any) -> bytes:
-    doc = {"internal": internal, "request_kind": "plain", "data": {"id": rid, "deadline": deadline}}
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def server_now(url: str) -> float:
-    sec, usec = do(url, ("TIME",))[0]
-    return int(sec) + int(usec) / 1_000_000
 
 
 def claim_commands(
@@ -89,7 +61,7 @@ def claim_commands(
 def seed(url: str) -> float:
     """Pending 3, claims 2 + a ghost (2 expired), dead 1, retry 2 (1 for jobs), results 2
     in result-list and 1 in custom-results. Returns the base server time."""
-    now = server_now(url)
+    now = server_now_sync(url)
     base = int(now)
     do(
         url,
@@ -105,16 +77,6 @@ def seed(url: str) -> float:
         ("LPUSH", "custom-results", b'{"id":"y1"}'),
     )
     return now
-
-
-def closed_port() -> int:
-    """A port nothing listens on: bound a moment ago, then released (never 6379)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port != 6379:
-            return port
 
 
 # coredis 6.9 leaves a failed connection's anyio memory streams unclosed; they warn when
@@ -159,7 +121,7 @@ def test_the_dead_group_lists_its_commands() -> None:
 def test_inspect_json_matches_the_redis_state_exactly(redis_url: str) -> None:
     now = seed(redis_url)
     base = int(now)
-    transport = config(
+    transport = config_json(
         redis_url,
         queues=[
             {"queue_name": Q, "igw_base_url": "http://h:1", "result_queue_name": "custom-results"}
@@ -232,7 +194,8 @@ def test_inspect_prints_counts_and_the_claim_table(redis_url: str) -> None:
     assert "claims (3 of 3, earliest lease expiry first)" in out
     lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
     assert set(lines) == {"c-old", "ghost", "c-live"}
-    assert "aaaaaaaa" in lines["c-old"] and TOKEN_A not in out, "owner tokens are shortened"
+    assert "aaaaaaaa" in lines["c-old"], "owner tokens are shortened"
+    assert TOKEN_A not in out, "owner tokens are shortened"
     assert "expired 40." in lines["c-old"]
     assert "(ghost)" in lines["ghost"]
     assert "4m" in lines["c-live"]
@@ -310,7 +273,8 @@ async def test_watch_shows_an_unreachable_redis_and_keeps_going() -> None:
                 refreshes=2,
             )
         text = out.getvalue()
-        assert "is unavailable" in text and "retrying" in text
+        assert "is unavailable" in text
+        assert "retrying" in text
         assert "s3cret" not in text
     gc.collect()
 
@@ -396,7 +360,7 @@ ALL_COMMANDS = [*QUEUE_COMMANDS, ["reclaim", "--once"], ["results"], ["cancel", 
 
 @pytest.mark.parametrize("command", QUEUE_COMMANDS, ids=" ".join)
 def test_an_unknown_queue_is_one_line(redis_url: str, command: list[str]) -> None:
-    args = [*command, "--transport-config", config(redis_url)]
+    args = [*command, "--transport-config", config_json(redis_url, queue=Q)]
     args[args.index(Q)] = "nope"
     one_line_error(invoke(args), "unknown queue 'nope' (configured: jobs)")
 
@@ -430,7 +394,7 @@ def test_a_queue_named_like_the_result_list_is_checked_as_a_queue(
 def test_unreachable_redis_is_one_line_without_the_password(command: list[str]) -> None:
     url = f"redis://admin:s3cret@127.0.0.1:{closed_port()}/0"
     # In the environment: a password on the command line adds a warning line (test_secrets).
-    no_url = json.dumps({"queues": json.loads(config(url))["queues"]})
+    no_url = config_json(queue=Q)
     line = one_line_error(invoke([*command, "--transport-config", no_url], url))
     assert line.startswith("claimkit: Redis at redis://admin:***@127.0.0.1:")
     assert "is unavailable" in line
@@ -530,7 +494,7 @@ def test_reclaim_requires_once_and_configured_queues(redis_url: str) -> None:
 
 
 def reclaim_scenario(url: str) -> tuple[str, int]:
-    now = server_now(url)
+    now = server_now_sync(url)
     base = int(now)
     do(
         url,
@@ -541,7 +505,7 @@ def reclaim_scenario(url: str) -> tuple[str, int]:
         ("ZADD", "other:claims-idx", 1, "ghost"),
         ("HSET", f"{Q}:deliveries", "poison", 2),
     )
-    transport = config(
+    transport = config_json(
         url,
         max_deliveries=3,
         queues=[
@@ -609,7 +573,7 @@ def test_reclaim_once_json(redis_url: str) -> None:
 
 def test_reclaim_once_reports_a_wrong_key_type(redis_url: str) -> None:
     do(redis_url, ("SET", "other:claims-idx", "x"))
-    transport = config(
+    transport = config_json(
         redis_url,
         queues=[
             {"queue_name": Q, "igw_base_url": "http://h:1"},
@@ -660,8 +624,8 @@ def test_dead_list_gives_the_cause_each_dead_letter_got_its_record_for(redis_url
     """Both ways into <q>:dead, taken for real: the consumer's dead-letter script for a
     member it cannot serve, and ``reclaim --once`` at max_deliveries. ``dead list`` names
     each cause, and its reason is the error_message of the record the request got."""
-    transport = config(redis_url, max_deliveries=2)
-    now = server_now(redis_url)
+    transport = config_json(redis_url, queue=Q, max_deliveries=2)
+    now = server_now_sync(redis_url)
     do(
         redis_url,
         *claim_commands(Q, "tired", token=TOKEN_A, expiry=now - 1, score=int(now) + 600),
@@ -693,7 +657,7 @@ def test_dead_list_gives_the_cause_each_dead_letter_got_its_record_for(redis_url
 
 
 def test_dead_list_fits_80_columns(redis_url: str) -> None:
-    base = int(server_now(redis_url))
+    base = int(server_now_sync(redis_url))
     do(
         redis_url,
         ("ZADD", f"{Q}:dead", base - 90, member("a-rather-long-request-id-0001", base + 7200)),
@@ -715,7 +679,7 @@ def test_dead_list_fits_80_columns(redis_url: str) -> None:
 
 
 def test_the_claim_table_fits_80_columns(redis_url: str) -> None:
-    now = server_now(redis_url)
+    now = server_now_sync(redis_url)
     rid = "req-2f9c1e7a-4b1d-4c3e-9f00-000000000001"
     do(redis_url, *claim_commands(Q, rid, token=TOKEN_A, expiry=now - 5, score=int(now) + 600))
     result = runner.invoke(app, ["inspect", "-q", Q], env={"REDIS_URL": redis_url, "COLUMNS": "80"})
@@ -730,7 +694,7 @@ def test_the_claim_table_fits_80_columns(redis_url: str) -> None:
 def test_tables_show_brackets_in_names_as_written(redis_url: str) -> None:
     """Ids and queue names are data, not rich markup: "[bold]" is shown, not swallowed."""
     queue = "q[red]"
-    now = server_now(redis_url)
+    now = server_now_sync(redis_url)
     do(
         redis_url,
         *claim_commands(queue, "a[bold]b", token=TOKEN_A, expiry=now + 60, score=int(now) + 60),
@@ -783,7 +747,7 @@ def test_dead_requeue_needs_ids_or_all(redis_url: str) -> None:
 
 
 def test_dead_purge(redis_url: str) -> None:
-    now = int(server_now(redis_url))
+    now = int(server_now_sync(redis_url))
     a, b, c = (member(x, 1_900_000_000) for x in "abc")
     do(redis_url, ("ZADD", f"{Q}:dead", now - 1000, a, now - 500, b, now, c))
     message = "say what to purge: ids, --all or --older-than SECONDS (exactly one)"
@@ -877,7 +841,7 @@ def test_results_follow_pops_only_when_asked(redis_url: str) -> None:
 
 def test_results_list_defaults_to_the_configured_result_queue(redis_url: str) -> None:
     push_records(redis_url, "configured")
-    transport = config(redis_url, result_queue_name="configured")
+    transport = config_json(redis_url, queue=Q, result_queue_name="configured")
     result = invoke(["results", "--peek", "--count", "1", "--transport-config", transport])
     assert result.stdout == 'r1  200  {"text":"hi"}\n'
 
@@ -897,7 +861,7 @@ def test_results_errors(redis_url: str) -> None:
 
 
 def test_cancel_sets_the_marker_of_a_live_request(redis_url: str) -> None:
-    deadline = int(server_now(redis_url)) + 3600
+    deadline = int(server_now_sync(redis_url)) + 3600
 
     async def submit(store: Store) -> str:
         return await Producer(store, Q).submit({"id": "r1", "deadline": deadline})

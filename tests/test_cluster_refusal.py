@@ -7,11 +7,10 @@ real 3-master cluster (:mod:`cluster`).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import trio
 from cluster import RedisCluster, redis_cluster
+from support import config_json
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -29,17 +28,6 @@ def refusal(url: str, how: str = "INFO says cluster_enabled:1") -> str:
         f"claimkit: Redis at {url} is a Redis Cluster node ({how}): claimkit does not "
         "support Redis Cluster yet; point it at a standalone Redis or Valkey "
         '(docs/operations.md, "Redis Cluster")\n'
-    )
-
-
-def transport(url: str) -> str:
-    return json.dumps(
-        {
-            "url": url,
-            "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
-            "metrics_port": 0,
-            "health_port": 0,
-        }
     )
 
 
@@ -66,7 +54,13 @@ def test_every_command_refuses_a_cluster_in_one_line_and_writes_nothing(
 ) -> None:
     url = redis_cluster.url
     result = CliRunner().invoke(
-        app, [*COMMANDS[name], "--transport-config", transport(url)], env={"COLUMNS": "200"}
+        app,
+        [
+            *COMMANDS[name],
+            "--transport-config",
+            config_json(url, queue=Q, metrics_port=0, health_port=0),
+        ],
+        env={"COLUMNS": "200"},
     )
     assert result.exit_code == 1, result.output
     assert result.stderr == refusal(url)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from claimkit.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 QUEUE = {"queue_name": "q", "igw_base_url": "http://gw:8000"}
 ENV = {"REDIS_URL": "redis://env-host:6379/0"}

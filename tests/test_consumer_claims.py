@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
+from support import make_config
 
-from claimkit.config import load_config
 from claimkit.consumer.claims import HeldClaims, Summary
 from claimkit.consumer.metrics import Metrics
 from claimkit.consumer.runtime import ServerClock
 from claimkit.protocol.models import Envelope, TerminalRecord, parse_member
-from claimkit.protocol.ops import QueueOps, ReclaimCounts
+from claimkit.protocol.ops import QueueOps, ReclaimCounts, ReleaseCode
 
 if TYPE_CHECKING:
     from claimkit.store import Store
@@ -32,14 +32,7 @@ def envelope(rid: str) -> Envelope:
 
 
 def registry() -> tuple[HeldClaims, Summary, Metrics]:
-    config = load_config(
-        inline=json.dumps(
-            {
-                "url": "redis://127.0.0.1:1",
-                "queues": [{"queue_name": Q, "igw_base_url": "http://x"}],
-            }
-        )
-    )
+    config = make_config("redis://127.0.0.1:1", queue=Q, gateway="http://x")
     metrics, summary = Metrics(), Summary()
     return HeldClaims(Q, summary, metrics.for_queue(config.queues[0])), summary, metrics
 
@@ -62,7 +55,8 @@ def test_claiming_again_drops_the_earlier_claim_as_released_elsewhere() -> None:
     claims.count_claimed(2)
     assert (first.ours, second.ours, second.cancelled) == (False, True, True)
     assert scope.cancel_called
-    assert claims.holds(second) and not claims.holds(first)
+    assert claims.holds(second)
+    assert not claims.holds(first)
     assert len(claims) == 1
     assert (summary.claimed, summary.released_elsewhere, summary.taken_over) == (2, 1, 0)
     assert sample(metrics, "async_request_total") == 2.0
@@ -77,7 +71,7 @@ def test_each_outcome_counts_once_in_the_summary_and_the_metrics() -> None:
     claims.acked(c, TerminalRecord.http("c", 500, "{}"), pushed=False)
     claims.parked(d, moved=True)
     claims.give_up([e, a], "ack requests: OOM")  # a is no longer held: not counted again
-    claims.swept([f], [1])
+    claims.swept([f], [ReleaseCode.RELEASED])
     claims.count_reclaimed(ReclaimCounts(redelivered=3, dead=2))
     claims.count_dead_lettered(1)
     assert len(claims) == 0

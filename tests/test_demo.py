@@ -12,7 +12,7 @@ import sys
 import sysconfig
 import tempfile
 from collections import Counter
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from rich.console import Console
@@ -22,6 +22,9 @@ from claimkit.cli.app import app
 from claimkit.dev.demo import run_demo
 from claimkit.dev.demo_report import Report, summary_table
 from claimkit.dev.redis_server import BINARY_ENV, not_found_message
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @pytest.mark.slow

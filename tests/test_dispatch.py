@@ -6,21 +6,18 @@ import email.utils
 import json
 import math
 import random
-import socket
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import pytest
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
-from redis_state import server_now
+from support import closed_port, make_config, server_now
 
-from claimkit.config import Config, load_config
 from claimkit.consumer.consumer import Consumer
 from claimkit.consumer.dispatch import (
     DEADLINE_MARGIN,
@@ -45,7 +42,12 @@ from claimkit.protocol.models import (
     parse_member,
     retry_member,
 )
-from claimkit.store import Store
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from claimkit.config import Config
+    from claimkit.store import Store
 
 TIMEOUT = 10.0  # absolute cap for every test, seconds
 PREFIX = "Failed to send request to inference: "
@@ -126,32 +128,7 @@ class EdgeApp:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         path = scope["path"]
         self.calls.append(Call(scope["method"], path, headers, body))
-        query = parse_qs(scope["query_string"].decode())
-        extra: list[tuple[bytes, bytes]] = []
-        if path == "/created":
-            status, out = 201, '{"id": "x",  "text": "café" }\n'.encode()
-            extra = [(b"content-type", b"application/json; charset=utf-8")]
-        elif path == "/bad":
-            status, out = 400, b'{"error":"prompt is required"}'
-        elif path == "/busy":
-            status, out = 429, b"slow down"
-            if "ra" in query:
-                extra = [(b"retry-after", query["ra"][0].encode())]
-        elif path == "/boom":
-            status, out = 500, b"boom"
-        elif path == "/unavailable":
-            status, out = 503, b"try later"
-        elif path == "/redirect":
-            status, out = 302, b"moved"
-            extra = [(b"location", b"/landed")]
-        elif path == "/landed":
-            status, out = 200, b"landed"
-        elif path.endswith("/echo"):
-            headers_out = [[k, v] for k, v in headers]
-            doc = {"path": path, "headers": headers_out, "body": body.decode()}
-            status, out = 200, json.dumps(doc).encode()
-        else:
-            status, out = 404, f"no route {scope['method']} {path}".encode()
+        status, out, extra = edge_route(scope, headers, body)
         await send(
             {
                 "type": "http.response.start",
@@ -160,6 +137,39 @@ class EdgeApp:
             }
         )
         await send({"type": "http.response.body", "body": out, "more_body": False})
+
+
+# path -> (status, body, extra headers) of the fixed routes of EdgeApp.
+FIXED_ROUTES: dict[str, tuple[int, bytes, list[tuple[bytes, bytes]]]] = {
+    "/bad": (400, b'{"error":"prompt is required"}', []),
+    "/boom": (500, b"boom", []),
+    "/unavailable": (503, b"try later", []),
+    "/redirect": (302, b"moved", [(b"location", b"/landed")]),
+    "/landed": (200, b"landed", []),
+}
+
+
+def edge_route(
+    scope: Any, headers: list[tuple[str, str]], body: bytes
+) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """EdgeApp's answer to one request: ``(status, body, extra headers)``."""
+    path = scope["path"]
+    if path == "/created":
+        out = '{"id": "x",  "text": "café" }\n'.encode()
+        return 201, out, [(b"content-type", b"application/json; charset=utf-8")]
+    if path == "/busy":
+        query = parse_qs(scope["query_string"].decode())
+        return (
+            429,
+            b"slow down",
+            [(b"retry-after", query["ra"][0].encode())] if "ra" in query else [],
+        )
+    if path in FIXED_ROUTES:
+        return FIXED_ROUTES[path]
+    if path.endswith("/echo"):
+        doc = {"path": path, "headers": [[k, v] for k, v in headers], "body": body.decode()}
+        return 200, json.dumps(doc).encode(), []
+    return 404, f"no route {scope['method']} {path}".encode(), []
 
 
 @dataclass
@@ -212,13 +222,6 @@ async def broken_body_url(nursery: trio.Nursery) -> str:
 async def client() -> AsyncIterator[HttpClient]:
     async with open_http_client(8) as c:
         yield c
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 # -- terminal HTTP outcomes ----------------------------------------------------------------
@@ -868,16 +871,15 @@ async def start_gateway(nursery: trio.Nursery, act: Any) -> ScriptedGateway:
 
 
 def consumer_config(redis_url: str, gateway: str) -> Config:
-    doc = {
-        "url": redis_url,
-        "poll_interval_ms": 20,
-        "claim_lease_ttl_seconds": 30,
-        "metrics_port": 0,
-        "health_port": 0,
-        "drain_timeout_seconds": 1,
-        "queues": [{"queue_name": "requests", "igw_base_url": gateway}],
-    }
-    return load_config(inline=json.dumps(doc))
+    return make_config(
+        redis_url,
+        gateway=gateway,
+        poll_interval_ms=20,
+        claim_lease_ttl_seconds=30,
+        metrics_port=0,
+        health_port=0,
+        drain_timeout_seconds=1,
+    )
 
 
 async def poll_until(predicate: Any) -> None:
@@ -1033,7 +1035,8 @@ async def test_gateway_that_reads_the_request_and_drops_it_sees_it_once(
 
 
 async def _has_records(store: Store, count: int) -> bool:
-    return await store.command("LLEN", "result-list") >= count
+    length: int = await store.command("LLEN", "result-list")
+    return length >= count
 
 
 def _no_response_count(consumer: Consumer) -> float | None:

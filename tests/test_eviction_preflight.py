@@ -8,30 +8,28 @@ policy that cannot be read is said in one line and serve carries on.
 
 from __future__ import annotations
 
-import json
 import logging
+from typing import TYPE_CHECKING
 
-import pytest
 import trio
-from conftest import RedisFactory
-from redis_state import mask_noperm
+from support import config_json, mask_noperm
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
 from claimkit.consumer.serve import _check_eviction
 from claimkit.store import open_store
 
-
-def transport(url: str) -> str:
-    return json.dumps(
-        {"url": url, "queues": [{"queue_name": "q", "igw_base_url": "http://127.0.0.1:9"}]}
-    )
+if TYPE_CHECKING:
+    import pytest
+    from conftest import RedisFactory
 
 
 def test_serve_refuses_an_allkeys_policy_in_one_line(redis_factory: RedisFactory) -> None:
     server = redis_factory(extra_args=["--maxmemory-policy", "allkeys-lru"])
     args = ["serve", "--metrics-port", "0", "--health-port", "0"]
-    result = CliRunner().invoke(app, [*args, "--transport-config", transport(server.url)])
+    result = CliRunner().invoke(
+        app, [*args, "--transport-config", config_json(server.url, queue="q")]
+    )
     assert result.exit_code == 1, result.output
     assert result.stderr == (
         f"claimkit: Redis at {server.url} has maxmemory-policy allkeys-lru, which can evict "

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import redis_state
+import support
 import trio
-from redis_state import Between, server_now
+from support import Between, server_now
 
 from claimkit.config import QueueConfig
 from claimkit.consumer.gates import GateError, make_gate
@@ -34,6 +33,9 @@ from claimkit.protocol.models import (
 from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps, move_retries, new_token
 from claimkit.store import Store, open_store
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 Q = "{tenant-b}:jobs"
 K = QueueKeys.for_queue(Q)
 RESULTS = "result-list"
@@ -45,10 +47,10 @@ approx = pytest.approx
 
 
 async def snapshot(store: Store, *, with_active: bool = False) -> dict[str, Any]:
-    """The whole keyspace (``redis_state.snapshot``). The producer's ``request-active:<id>``
+    """The whole keyspace (``support.snapshot``). The producer's ``request-active:<id>``
     keys are left out (no exit path touches them) unless asked for, and then only their
     values are compared (their TTL ticks on)."""
-    out = await redis_state.snapshot(store, skip_prefix="request-active:")
+    out = await support.snapshot(store, skip_prefix="request-active:")
     if with_active:
         for key in await store.command("KEYS", "request-active:*"):
             out[key.decode()] = await store.command("GET", key)
@@ -64,7 +66,9 @@ async def submit(store: Store, *requests: dict[str, Any]) -> list[Envelope]:
     return envs
 
 
-async def claim(ops: QueueOps, envs: Sequence[Envelope]) -> tuple[float, list[int], list[str]]:
+async def claim(
+    ops: QueueOps, envs: Sequence[Envelope]
+) -> tuple[float, list[ClaimCode], list[str]]:
     tokens = [new_token() for _ in envs]
     now, codes = await ops.claim(list(zip(envs, tokens, strict=True)), LEASE)
     return now, codes, tokens
@@ -361,7 +365,7 @@ async def test_lease_lapses_by_the_server_clock(store: Store, redis_url: str) ->
 # -- row 6: gate refuses / gate error -> never claimed, bytes unchanged ------------------------
 
 
-async def poll_once(ops: QueueOps, gate: Any, inflight: int) -> list[int]:
+async def poll_once(ops: QueueOps, gate: Any, inflight: int) -> list[ClaimCode]:
     """The consumer's peek -> check -> gate -> claim round, at the protocol level."""
     members = await ops.peek(10)
     envs = [e for m in members if isinstance(e := parse_member(m), Envelope)]

@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import make_config
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -35,7 +36,9 @@ from claimkit.config import Config, ConfigError, load_config
 from claimkit.consumer.consumer import Consumer
 from claimkit.dev.sim import SimConfig, serve_sim
 from claimkit.protocol.models import Invalid, parse_member
-from claimkit.store import Store
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
 
 Q = "{fz}:q"
 DEAD = f"{Q}:dead"
@@ -121,32 +124,21 @@ JUNK = st.one_of(
 )  # fmt: skip
 
 
-@st.composite
-def broken_docs(draw: st.DrawFn) -> tuple[Any, bool]:
-    """A document that breaks one rule of SPEC §2.1, and whether that is a clear violation
-    (must be dead-lettered) or a wrong-typed optional field (either outcome is fine, as
-    long as it is exactly one)."""
-    doc = draw(good_docs())
-    data = doc["data"]
-    how = draw(
-        st.sampled_from(
-            [
-                "kind", "no-kind", "no-data", "data-type", "no-id", "id-type", "empty-id",
-                "no-deadline", "deadline", "huge-deadline", "not-object", "optional",
-                "internal", "surrogate-id",
-            ]
-        )
-    )  # fmt: skip
-    clear = True
-    if how == "kind":
-        doc["request_kind"] = draw(st.one_of(JUNK, st.sampled_from(["PLAIN", "other", ""])))
-    elif how == "no-kind":
-        del doc["request_kind"]
-    elif how == "no-data":
-        del doc["data"]
-    elif how == "data-type":
-        doc["data"] = draw(JUNK.filter(lambda v: not isinstance(v, dict)))
-    elif how == "no-id":
+DATA_BREAKS = {
+    "no-id",
+    "id-type",
+    "empty-id",
+    "no-deadline",
+    "deadline",
+    "huge-deadline",
+    "optional",
+}
+
+
+def break_data(draw: st.DrawFn, data: dict[str, Any], how: str) -> bool:
+    """Break the request's ``data`` object as ``how`` (one of :data:`DATA_BREAKS`) says;
+    whether that is a clear violation (see :func:`broken_docs`)."""
+    if how == "no-id":
         del data["id"]
     elif how == "id-type":
         data["id"] = draw(JUNK.filter(lambda v: not isinstance(v, str)))
@@ -164,13 +156,43 @@ def broken_docs(draw: st.DrawFn) -> tuple[Any, bool]:
     elif how == "huge-deadline":
         # A JSON integer > 0, as SPEC §2.1 asks, only absurdly far away: either outcome.
         data["deadline"] = draw(st.sampled_from([2**63, 2**64, 10**30]))
-        clear = False
-    elif how == "not-object":
-        return draw(st.one_of(JUNK, st.lists(st.just(doc), max_size=1))), True
-    elif how == "optional":
+        return False
+    else:  # "optional"
         name = draw(st.sampled_from(["payload", "metadata", "headers", "endpoint", "created"]))
         data[name] = draw(JUNK)
-        clear = False
+        return False
+    return True
+
+
+@st.composite
+def broken_docs(draw: st.DrawFn) -> tuple[Any, bool]:
+    """A document that breaks one rule of SPEC §2.1, and whether that is a clear violation
+    (must be dead-lettered) or a wrong-typed optional field (either outcome is fine, as
+    long as it is exactly one)."""
+    doc = draw(good_docs())
+    data = doc["data"]
+    how = draw(
+        st.sampled_from(
+            [
+                "kind", "no-kind", "no-data", "data-type", "no-id", "id-type", "empty-id",
+                "no-deadline", "deadline", "huge-deadline", "not-object", "optional",
+                "internal", "surrogate-id",
+            ]
+        )
+    )  # fmt: skip
+    if how in DATA_BREAKS:
+        return doc, break_data(draw, data, how)
+    clear = True
+    if how == "kind":
+        doc["request_kind"] = draw(st.one_of(JUNK, st.sampled_from(["PLAIN", "other", ""])))
+    elif how == "no-kind":
+        del doc["request_kind"]
+    elif how == "no-data":
+        del doc["data"]
+    elif how == "data-type":
+        doc["data"] = draw(JUNK.filter(lambda v: not isinstance(v, dict)))
+    elif how == "not-object":
+        return draw(st.one_of(JUNK, st.lists(st.just(doc), max_size=1))), True
     elif how == "surrogate-id":
         # Broken in two ways: a bad field, and an id no one can write back (JSON text can
         # escape a lone surrogate); reading the id for the record must not crash anything.
@@ -254,20 +276,17 @@ def unique_by_id(batch: list[tuple[bytes, str]]) -> list[tuple[bytes, str]]:
 
 
 def consumer_config(redis_url: str, gateway: str) -> Config:
-    return load_config(
-        inline=json.dumps(
-            {
-                "url": redis_url,
-                "poll_interval_ms": 10,
-                "batch_size": 50,
-                "claim_lease_ttl_seconds": 30,
-                "metrics_port": 0,
-                "health_port": 0,
-                "drain_timeout_seconds": 1,
-                "request_timeout_seconds": 5,
-                "queues": [{"queue_name": Q, "igw_base_url": gateway}],
-            }
-        )
+    return make_config(
+        redis_url,
+        queue=Q,
+        gateway=gateway,
+        poll_interval_ms=10,
+        batch_size=50,
+        claim_lease_ttl_seconds=30,
+        metrics_port=0,
+        health_port=0,
+        drain_timeout_seconds=1,
+        request_timeout_seconds=5,
     )
 
 
@@ -421,7 +440,8 @@ def assert_usable(config: Config) -> None:
         assert 0 <= value <= MAX_INT, f"{name}={value!r} accepted"
     assert config.claim_lease_ttl_seconds > 0
     assert config.request_timeout_seconds > 0
-    assert config.batch_size >= 1 and config.concurrency >= 1
+    assert config.batch_size >= 1
+    assert config.concurrency >= 1
 
 
 @pytest.mark.slow
@@ -435,7 +455,8 @@ def test_fuzzed_configs_are_accepted_or_one_line_errors(redis_url: str) -> None:
             config = load_config(inline=text)
         except ConfigError as exc:
             message = str(exc)
-            assert message and "\n" not in message, repr(message)
+            assert message, repr(message)
+            assert "\n" not in message, repr(message)
             result = runner.invoke(app, ["serve", "--transport-config", text])
             assert result.exit_code == 1, result.output
             assert result.exception is None or isinstance(result.exception, SystemExit)
@@ -449,7 +470,8 @@ def test_fuzzed_configs_are_accepted_or_one_line_errors(redis_url: str) -> None:
         assert result.exception is None or isinstance(result.exception, SystemExit), result.output
         assert result.exit_code in (0, 1), result.output
         out = result.stdout if result.exit_code == 0 else result.stderr
-        assert len(out.splitlines()) == 1 and "Traceback" not in result.output, result.output
+        assert len(out.splitlines()) == 1, result.output
+        assert "Traceback" not in result.output, result.output
 
     one()
 
@@ -461,7 +483,8 @@ def test_an_id_no_one_can_write_is_not_salvaged() -> None:
     """``json.loads`` reads a lone surrogate escape; the record of such an id could not be
     encoded, and raising there took the whole consumer down (every consumer that peeked it)."""
     bad = parse_member(b'{"request_kind":"x","data":{"id":"\\ud800","deadline":5}}')
-    assert isinstance(bad, Invalid) and bad.id is None
+    assert isinstance(bad, Invalid)
+    assert bad.id is None
     token = parse_member(
         b'{"request_kind":"x","data":{"id":"ok","deadline":5},'
         b'"internal":{"request_token":"\\udfff","result_queue_name":"\\ud800"}}'
@@ -474,7 +497,8 @@ def test_a_readable_id_gets_its_record_even_when_msgspec_rejects_the_text() -> N
     """A lone surrogate in the payload: msgspec refuses the JSON, the id is still readable,
     so the request must get its INVALID_REQUEST record (it used to get none)."""
     bad = parse_member(b'{"request_kind":"plain","data":{"id":"ok","deadline":5,"p":"\\udfff"}}')
-    assert isinstance(bad, Invalid) and bad.id == "ok"
+    assert isinstance(bad, Invalid)
+    assert bad.id == "ok"
 
 
 async def test_poison_members_neither_crash_nor_break_the_queue(

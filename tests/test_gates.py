@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -20,7 +20,9 @@ from claimkit.cli.app import app
 from claimkit.config import ConfigError, load_config
 from claimkit.consumer.consumer import key_roles
 from claimkit.consumer.gates import LocalMaxConcurrencyGate, RedisBudgetGate, make_gate
-from claimkit.store import Store
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
 
 GW = "http://127.0.0.1:9"
 
@@ -49,7 +51,8 @@ async def test_redis_gate_reads_upstream_budget_key_and_address(
     config = load_config(inline=text)
     assert config.unknown_fields == ()
     gate = make_gate(config.queues[0], store, random.Random(3))
-    assert isinstance(gate, RedisBudgetGate) and gate.key == "pool-a-budget"
+    assert isinstance(gate, RedisBudgetGate)
+    assert gate.key == "pool-a-budget"
     assert key_roles(config)["pool-a-budget"].what == "gate budget key {} of queue 'requests'"
     with trio.fail_after(10):
         await store.command("SET", "dispatch-gate-budget", "1")  # not the configured key
@@ -68,13 +71,15 @@ async def test_redis_gate_address_may_name_the_queue_redis_by_a_loopback_alias(
         redis_url, f'"gate_type": "redis", "gate_params": {{"address": "localhost:{port}"}}'
     )
     gate = make_gate(load_config(inline=text).queues[0], store)
-    assert isinstance(gate, RedisBudgetGate) and gate.key == "dispatch-gate-budget"
+    assert isinstance(gate, RedisBudgetGate)
+    assert gate.key == "dispatch-gate-budget"
 
 
 async def test_redis_gate_key_is_still_read_as_the_older_name(store: Store, redis_url: str) -> None:
     text = upstream_config(redis_url, '"gate_type": "redis", "gate_params": {"key": "b"}')
     gate = make_gate(load_config(inline=text).queues[0], store)
-    assert isinstance(gate, RedisBudgetGate) and gate.key == "b"
+    assert isinstance(gate, RedisBudgetGate)
+    assert gate.key == "b"
 
 
 def test_redis_gate_address_of_another_redis_is_refused(redis_url: str) -> None:

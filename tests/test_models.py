@@ -5,27 +5,35 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import StoreWrapper, server_now, zrange
 
 from claimkit.producer import CANCEL_TTL_SECONDS, Producer, SubmitError
 from claimkit.protocol.models import (
+    DEADLINE_EXCEEDED_MESSAGE,
     DEADLINE_INVALID_MESSAGE,
     Envelope,
     ErrorCode,
     Invalid,
     TerminalRecord,
+    deadline_passed,
+    deadline_record,
     parse_member,
     retry_member,
+    retry_queue_name,
 )
 from claimkit.protocol.ops import ClaimCode, QueueOps, new_token
-from claimkit.store import Arg, Store
-from claimkit.store.scripts import Script
+from claimkit.protocol.routing import ResultRouting
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from claimkit.store import Arg, Store
 
 Q = "requests"
 TOKEN = "0123456789abcdef" * 2
@@ -330,42 +338,25 @@ def test_record_from_json() -> None:
     for bad in (b"[]", b'{"payload":"x"}', b'{"id":3}'):
         with pytest.raises(ValueError, match="not a terminal record"):
             TerminalRecord.from_json(bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011 - any ValueError: bad JSON has no own message
         TerminalRecord.from_json(b"{nope")
 
 
 # -- Producer (SPEC §2.2) ------------------------------------------------------------------------
 
 
-class RecordingStore:
+class RecordingStore(StoreWrapper):
     """Records MULTI/EXEC pipelines and delegates to a real store."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
+        super().__init__(inner)
         self.pipelines: list[tuple[list[list[Arg]], bool]] = []
-
-    async def command(self, *args: Arg) -> Any:
-        return await self.inner.command(*args)
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
         # Only writes are recorded: the producer's read-only check (TIME, TYPE) is not one.
         if transaction:
             self.pipelines.append(([list(c) for c in commands], transaction))
         return await self.inner.pipeline(commands, transaction=transaction)
-
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        return await self.inner.run(script, keys, args)
-
-
-async def server_now(store: Store) -> float:
-    sec, usec = await store.command("TIME")
-    return int(sec) + int(usec) / 1_000_000
-
-
-def zset(reply: Any) -> list[tuple[bytes, float]]:
-    if reply and isinstance(reply[0], list):
-        return [(m, float(s)) for m, s in reply]
-    return [(m, float(s)) for m, s in zip(reply[0::2], reply[1::2], strict=True)]
 
 
 async def test_submit_many_writes_one_transaction(store: Store) -> None:
@@ -382,7 +373,8 @@ async def test_submit_many_writes_one_transaction(store: Store) -> None:
             ]
         )
         t1 = await server_now(store)
-        assert len(tokens) == 2 and tokens[0] != tokens[1]
+        assert len(tokens) == 2
+        assert tokens[0] != tokens[1]
         assert all(re.fullmatch(r"[0-9a-f]{32}", t) for t in tokens)
 
         m1 = dumps(
@@ -417,7 +409,7 @@ async def test_submit_many_writes_one_transaction(store: Store) -> None:
             b"request-active:b",
             Q.encode(),
         ]
-        assert zset(await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")) == [(m1, d1), (m2, d2)]
+        assert await zrange(store, Q) == [(m1, d1), (m2, d2)]
         for rid, token, ttl in (("a", tokens[0], ttls[0]), ("b", tokens[1], ttls[1])):
             assert await store.command("GET", f"request-active:{rid}") == token.encode()
             pttl = await store.command("PTTL", f"request-active:{rid}")
@@ -438,7 +430,7 @@ async def test_submit_a_whole_envelope_with_internal_fields(store: Store) -> Non
                 }
             ]
         )
-        ((raw, _),) = zset(await store.command("ZRANGE", Q, 0, -1, "WITHSCORES"))
+        ((raw, _),) = await zrange(store, Q)
         assert json.loads(raw)["internal"] == {"queue_id": "x", "request_token": token}
         assert await store.command("GET", "request-active:e") == token.encode()
 
@@ -541,3 +533,62 @@ async def test_submit_to_a_key_of_another_type_writes_nothing(store: Store) -> N
             await Producer(store, "not-a-queue").submit({"id": "a", "deadline": 1893456000})
         assert str(info.value) == "queue key 'not-a-queue' holds a string, not a sorted set"
         assert await store.command("KEYS", "*") == [b"not-a-queue"]
+
+
+# -- one deadline rule, one routing rule ---------------------------------------------------------
+
+
+def test_a_deadline_has_passed_at_and_after_it() -> None:
+    assert deadline_passed(100, 99.999) is False
+    assert deadline_passed(100, 100.0) is True
+    assert deadline_passed(100, 100.5) is True
+
+
+def test_the_deadline_record_is_the_last_response_else_deadline_exceeded() -> None:
+    raw = dumps({"request_kind": "plain", "data": {"id": "d", "deadline": 5}})
+    env = parse_member(raw)
+    assert isinstance(env, Envelope)
+    assert DEADLINE_EXCEEDED_MESSAGE == "deadline exceeded"
+    assert deadline_record(env).to_json() == (
+        b'{"id":"d","payload":"{\\"error\\":\\"deadline exceeded\\"}",'
+        b'"error_code":"DEADLINE_EXCEEDED","error_message":"deadline exceeded"}'
+    )
+    last = TerminalRecord.http("d", 503, "busy")
+    assert deadline_record(env, last) == last
+    carried = parse_member(retry_member(raw, Q, TerminalRecord.http("d", 429, "slow")))
+    assert isinstance(carried, Envelope)
+    assert deadline_record(carried) == TerminalRecord.http("d", 429, "slow")
+    assert deadline_record(carried, last) == last
+
+
+def test_retry_queue_name_reads_what_retry_member_writes() -> None:
+    raw = dumps({"request_kind": "plain", "data": {"id": "r", "deadline": 5}})
+    assert retry_queue_name(retry_member(raw, "{t}:q")) == "{t}:q"
+    assert retry_queue_name(raw) is None
+    assert retry_queue_name(b"not json") is None
+    assert retry_queue_name(b"[1]") is None
+    assert retry_queue_name(dumps({"internal": {"request_queue_name": 7}})) is None
+
+
+@pytest.mark.parametrize(
+    ("queue_list", "member_list", "to", "decides", "fallback"),
+    [
+        ("per-queue", "own", "per-queue", None, "per-queue"),
+        ("per-queue", None, "per-queue", None, "per-queue"),
+        (None, "own", "own", "own", "global"),
+        (None, "", "global", None, "global"),
+        (None, None, "global", None, "global"),
+        ("", "own", "own", "own", "global"),  # an empty queue list is no queue list
+    ],
+)
+def test_result_routing(
+    queue_list: str | None, member_list: str | None, to: str, decides: str | None, fallback: str
+) -> None:
+    routing = ResultRouting(queue_list, "global")
+    assert routing.list_for(member_list) == to
+    assert routing.member_list(member_list) == decides
+    assert routing.fallback == fallback
+    assert routing.lua_args() == (queue_list or "", "global")
+    ops = QueueOps(None, Q, result_list=queue_list, default_result_list="global")  # type: ignore[arg-type]
+    assert ops.result_list_for(member_list) == to
+    assert ops.fallback_result_list == fallback

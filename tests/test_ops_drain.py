@@ -4,28 +4,22 @@ fenced per claim by the owner token and the lease expiry read just before."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from support import StoreWrapper, member, server_now
 
 from claimkit.ops.drain import DrainReport, drain_claims
 from claimkit.protocol.ops import CHUNK
-from claimkit.store import Arg, Store
-from claimkit.store.scripts import Script
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from claimkit.store import Arg, Store
+    from claimkit.store.scripts import Script
 
 Q = "jobs"
-
-
-def member(rid: str, deadline: int) -> bytes:
-    doc = {"internal": {}, "request_kind": "plain", "data": {"id": rid, "deadline": deadline}}
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-async def server_now(store: Store) -> float:
-    sec, usec = await store.command("TIME")
-    return int(sec) + int(usec) / 1_000_000
 
 
 async def seed_claims(store: Store, n: int, *, start: int = 0) -> dict[bytes, float]:
@@ -60,20 +54,13 @@ async def claim_keys_empty(store: Store) -> bool:
     return counts == [0, 0, 0]
 
 
-class RacingStore:
+class RacingStore(StoreWrapper):
     """A store that runs ``meddle`` right before the release script: a consumer acting
     between drain's read and its release."""
 
     def __init__(self, inner: Store, meddle: Callable[[Store], Awaitable[None]]) -> None:
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self.meddle = meddle
-
-    async def command(self, *args: Arg) -> Any:
-        return await self.inner.command(*args)
-
-    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
-        return await self.inner.pipeline(commands, transaction=transaction)
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         if script.name == "release":

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import trio
-from redis_state import do
+from support import do
 from typer.testing import CliRunner
 
 from claimkit import Producer
 from claimkit.cli.app import app
 from claimkit.protocol.models import TerminalRecord
-from claimkit.store import Store
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
 
 DEEP = b"[" * 100_000  # json.loads raises RecursionError, not ValueError
 

@@ -13,12 +13,11 @@ import json
 import random
 import re
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
-from redis_state import Between, server_now, snapshot
+from support import Between, StoreWrapper, server_now, snapshot
 
 from claimkit.protocol.keys import QueueKeys
 from claimkit.protocol.models import (
@@ -37,12 +36,17 @@ from claimkit.protocol.ops import (
     AckItem,
     ClaimCode,
     QueueOps,
+    RenewCode,
     move_retries,
     new_token,
     token_time,
 )
 from claimkit.store import Arg, ScriptCall, Store, StoreError
-from claimkit.store.scripts import Script
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from claimkit.store.scripts import Script
 
 Q = "{tenant-a}:requests"
 K = QueueKeys.for_queue(Q)
@@ -98,7 +102,7 @@ async def zadd(store: Store, key: str, pairs: Sequence[tuple[float, bytes]]) -> 
 
 async def claim_all(
     ops: QueueOps, raws: Sequence[bytes], ttl: float = 60.0
-) -> tuple[float, list[int], list[str]]:
+) -> tuple[float, list[ClaimCode], list[str]]:
     tokens = [new_token() for _ in raws]
     now, codes = await ops.claim([(env(r), t) for r, t in zip(raws, tokens, strict=True)], ttl)
     return now, codes, tokens
@@ -196,7 +200,7 @@ async def test_claim_lost_race_writes_nothing(store: Store) -> None:
         here, gone = member("here", now + 60), member("gone", now + 60)
         await zadd(store, Q, [(now + 60, here)])
         _, codes, tokens = await claim_all(ops, [gone, here])
-        assert codes == [ClaimCode.LOST, ClaimCode.CLAIMED]
+        assert codes == [ClaimCode.NOT_PENDING, ClaimCode.CLAIMED]
         state = await snapshot(store)
         assert state[K.claimed] == claimed_hash(("here", here, str(now + 60).encode()))
         assert state[K.owners] == {b"here": tokens[1].encode()}
@@ -205,7 +209,7 @@ async def test_claim_lost_race_writes_nothing(store: Store) -> None:
         # A member a ZPOPMIN consumer took between peek and claim: nothing at all is written.
         await store.command("FLUSHDB")
         _, codes, _ = await claim_all(ops, [gone])
-        assert codes == [ClaimCode.LOST]
+        assert codes == [ClaimCode.NOT_PENDING]
         assert await snapshot(store) == {}
 
 
@@ -219,7 +223,9 @@ async def test_a_second_claim_of_a_claimed_member_is_lost(store: Store) -> None:
         assert codes == [ClaimCode.CLAIMED]
         before = await snapshot(store)
         _, codes, _ = await claim_all(rival, [raw])
-        assert codes == [ClaimCode.LOST]  # the rival lost the race: it may poll again at once
+        assert codes == [
+            ClaimCode.NOT_PENDING
+        ]  # the rival lost the race: it may poll again at once
         assert await snapshot(store) == before
 
 
@@ -241,7 +247,7 @@ async def test_busy_id_stays_pending(store: Store) -> None:
 
 
 @pytest.mark.parametrize(
-    ("gen_token", "cancel_value", "code"),
+    ("request_token", "cancel_value", "code"),
     [
         (TOKEN_A, TOKEN_A, ClaimCode.CANCELLED),
         (TOKEN_A, TOKEN_B, ClaimCode.CLAIMED),  # a cancel of another generation
@@ -250,12 +256,12 @@ async def test_busy_id_stays_pending(store: Store) -> None:
     ],
 )
 async def test_claim_reports_cancellation(
-    store: Store, gen_token: str, cancel_value: str, code: int
+    store: Store, request_token: str, cancel_value: str, code: int
 ) -> None:
     with trio.fail_after(10):
         ops = QueueOps(store, Q)
         now = int(await server_now(store))
-        raw = member("c:1", now + 60, gen_token)
+        raw = member("c:1", now + 60, request_token)
         await zadd(store, Q, [(now + 60, raw)])
         await store.command("SET", "request-cancel:c:1", cancel_value, "EX", 604800)
 
@@ -296,7 +302,8 @@ async def test_a_cancel_key_of_another_type_is_not_a_cancellation(store: Store) 
         assert codes == [ClaimCode.CLAIMED, ClaimCode.CLAIMED]
         state = await snapshot(store)
         assert state[K.owners] == {b"a": tokens[0].encode(), b"b": tokens[1].encode()}
-        assert Q not in state and [m for m, _ in state[K.index]] == [b"a", b"b"]
+        assert Q not in state
+        assert [m for m, _ in state[K.index]] == [b"a", b"b"]
         assert await store.command("LRANGE", "request-cancel:a", 0, -1) == [gen.encode()]
 
 
@@ -312,7 +319,7 @@ async def test_claim_of_an_expired_deadline_gets_a_floor_lease(store: Store) -> 
         assert codes == [ClaimCode.CLAIMED]
         assert (await snapshot(store))[K.index] == [(b"late", pytest.approx(snow + 30, abs=1e-5))]
         snow, codes, _ = await claim_all(ops, [member("late2", now - 100)], ttl=5)
-        assert codes == [ClaimCode.LOST]  # not pending at all
+        assert codes == [ClaimCode.NOT_PENDING]  # not pending at all
 
 
 async def test_claim_batches_larger_than_a_chunk(store: Store) -> None:
@@ -365,7 +372,8 @@ def test_tokens_are_uuid7_stamped_with_the_claim_time() -> None:
         assert token[13:15] == "c1"  # claimkit's tag
         assert token_time(token) == 1_796_000_000.123  # milliseconds, truncated
     # The random bits vary in every position they occupy.
-    assert len({t[15] for t in tokens}) == 16 and len({t[17:] for t in tokens}) == 2000
+    assert len({t[15] for t in tokens}) == 16
+    assert len({t[17:] for t in tokens}) == 2000
 
 
 GOOD = new_token(1_796_000_000)
@@ -443,11 +451,11 @@ async def test_renew_wrong_token_or_gone_changes_nothing(store: Store) -> None:
         assert await snapshot(store) == before  # no index entry created for "nobody"
 
 
-class CountingStore:
+class CountingStore(StoreWrapper):
     """Delegates to a real store; records each round trip and each script call."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
+        super().__init__(inner)
         self.trips: list[tuple[str, int]] = []  # (method, commands or script calls sent)
         self.runs: list[str] = []  # script names, one per script call
 
@@ -483,12 +491,12 @@ async def test_a_renew_tick_is_one_round_trip_of_bounded_calls(store: Store) -> 
         await store.command("HSET", K.owners, f"h-{n - 1}", TOKEN_B)  # stolen meanwhile
         counting = CountingStore(store)
 
-        server, codes = await QueueOps(counting, Q).renew(
+        server, renewed = await QueueOps(counting, Q).renew(
             [(f"h-{i}", t, now + 3600) for i, t in enumerate(tokens)], lease_ttl=100
         )
 
         assert counting.trips == [("run_many", 3)]
-        assert codes == [1] * (n - 1) + [-1]
+        assert renewed == [1] * (n - 1) + [-1]
         index = dict((await snapshot(store))[K.index])
         assert index[f"h-{n - 1}".encode()] == approx(claimed_at + 10, abs=1e-5)
         # Each chunk runs at its own server instant, never later than the reply's.
@@ -506,6 +514,24 @@ async def test_renew_is_capped_at_deadline_plus_30(store: Store) -> None:
         _, codes = await ops.renew([("soon", token, now + 5)], 1000)
         assert codes == [1]
         assert (await snapshot(store))[K.index] == [(b"soon", now + 35)]
+
+
+async def test_renew_of_a_passed_deadline_gets_the_claim_floor(store: Store) -> None:
+    """One lease rule (lua/_lease.lua) for claim and renew: deadline + 30 is already past,
+    so the renewed lease is server_now + min(ttl, 30), as a claim taken now would get; it
+    no longer lapses at once while its DEADLINE_EXCEEDED ack is on its way."""
+    with trio.fail_after(10):
+        ops = QueueOps(store, Q)
+        now = int(await server_now(store))
+        raw = member("late", now - 100)
+        await zadd(store, Q, [(now - 100, raw)])
+        _, _, (token,) = await claim_all(ops, [raw], ttl=300)
+        snow, codes = await ops.renew([("late", token, now - 100)], 300)
+        assert codes == [RenewCode.RENEWED]
+        assert (await snapshot(store))[K.index] == [(b"late", pytest.approx(snow + 30, abs=1e-5))]
+        snow, codes = await ops.renew([("late", token, now - 100)], 5)
+        assert codes == [RenewCode.RENEWED]
+        assert (await snapshot(store))[K.index] == [(b"late", pytest.approx(snow + 5, abs=1e-5))]
 
 
 # -- §3.4 ack --------------------------------------------------------------------------------
@@ -811,6 +837,19 @@ async def test_move_retries_never_loses_a_member_routed_to_a_wrong_type_key(stor
         finally:
             state = await snapshot(store)
             assert bad in [m for m, _ in state.get(RETRY, []) + state.get(RETRY_DEAD, [])]
+
+
+async def test_move_retries_dead_letters_a_nan_deadline(store: Store) -> None:
+    """Redis's cjson reads ``nan`` as a number; a ZADD at NaN would fail after the ZREM and
+    lose the member. lua/_member.lua reads no NaN deadline, so it is dead-lettered."""
+    with trio.fail_after(10):
+        bad = b'{"request_kind":"plain","data":{"id":"n","deadline":nan},"internal":'
+        bad += b'{"request_queue_name":"' + Q.encode() + b'"}}'
+        await zadd(store, RETRY, [(1.0, bad)])
+        t0 = await server_now(store)
+        assert await move_retries(store, RETRY) == (0, 1)
+        t1 = await server_now(store)
+        assert await snapshot(store) == {RETRY_DEAD: [(bad, Between(t0, t1))]}
 
 
 # -- §3.6 release ----------------------------------------------------------------------------

@@ -14,12 +14,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 from held_gateway import held_gateway
-from redis_state import command_calls, do, pairs, server_now, snapshot
+from support import (
+    command_calls,
+    config_json,
+    do,
+    member,
+    pairs,
+    redis,
+    server_now,
+    server_now_sync,
+    snapshot,
+    zrange,
+)
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -28,20 +39,15 @@ from claimkit.producer import Producer
 from claimkit.protocol.keys import QueueKeys
 from claimkit.protocol.models import Envelope, parse_member
 from claimkit.protocol.ops import QueueOps, new_token
-from claimkit.store import Store
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
 
 Q = "orphans"
 K = QueueKeys.for_queue(Q)
 DEAD_TOKEN = "d0" * 16  # the owner: a consumer that died long ago
 LIVE_TOKEN = "a1" * 16  # the owner: a consumer that may be alive
 CLAIMKIT = Path(sys.executable).with_name("claimkit")
-
-
-def member(rid: str, deadline: int) -> bytes:
-    return json.dumps(
-        {"data": {"id": rid, "deadline": deadline}, "request_kind": "plain", "internal": {}},
-        separators=(",", ":"),
-    ).encode()
 
 
 def env(raw: bytes) -> Envelope:
@@ -61,14 +67,6 @@ async def claim(store: Store, pairs: list[tuple[str, int]], ttl: float = 300) ->
     _, codes = await ops.claim([(env(r), new_token()) for r in raws], ttl)
     assert set(codes) == {1}
     return raws
-
-
-def transport_config(url: str, **extra: Any) -> str:
-    doc: dict[str, Any] = {
-        "url": url,
-        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
-    }
-    return json.dumps({**doc, **extra})
 
 
 def reclaim_once(transport: str, *flags: str) -> Any:
@@ -97,7 +95,7 @@ def test_reclaim_once_gives_a_live_owners_claim_its_lease_back(redis_url: str) -
         ("ZADD", K.index, now + 300, "b"),  # "a" has no lease entry
         ("HSET", K.deliveries, "a", 2),
     )
-    transport = transport_config(redis_url, claim_lease_ttl_seconds=120)
+    transport = config_json(redis_url, queue=Q, claim_lease_ttl_seconds=120)
     before = server_now_sync(redis_url)
     result = reclaim_once(transport)
     after = server_now_sync(redis_url)
@@ -105,7 +103,7 @@ def test_reclaim_once_gives_a_live_owners_claim_its_lease_back(redis_url: str) -
         "claimkit reclaim: queues=1 redelivered=0 dead_lettered=0 ghosts=0 leases_restored=1\n"
     )
     assert result.stderr == ONE_ORPHAN_WARNING
-    state = _run(redis_url, snapshot)
+    state = redis(redis_url, snapshot)
     (a_lease,) = [score for rid, score in state[K.index] if rid == b"a"]
     assert before + 120 <= a_lease <= after + 120
     assert state == {
@@ -147,7 +145,7 @@ def test_reclaim_once_does_not_run_a_live_consumers_request_twice(
             {"id": "live", "deadline": deadline, "payload": {"id": "live", "prompt": "x"}}
         )
 
-    _run(redis_url, submit)
+    redis(redis_url, submit)
     with held_gateway() as gateway:
         serve_doc = {
             "url": redis_url,
@@ -221,7 +219,7 @@ def test_a_dead_owners_orphan_comes_back_one_lease_later(redis_url: str) -> None
         ("HSET", K.owners, "a", DEAD_TOKEN),
         ("HSET", K.deliveries, "a", 2),
     )
-    transport = transport_config(redis_url, claim_lease_ttl_seconds=1.5)
+    transport = config_json(redis_url, queue=Q, claim_lease_ttl_seconds=1.5)
     first = reclaim_once(transport, "--json")
     assert json.loads(first.stdout)["leases_restored"] == 1
     assert json.loads(first.stdout)["redelivered"] == 0
@@ -238,7 +236,7 @@ def test_a_dead_owners_orphan_comes_back_one_lease_later(redis_url: str) -> None
         "claimkit reclaim: queues=1 redelivered=1 dead_lettered=0 ghosts=0 leases_restored=0\n"
     )
     assert second.stderr == ""
-    assert _run(redis_url, snapshot) == {
+    assert redis(redis_url, snapshot) == {
         K.pending: [(a, float(now + 600))],
         K.deliveries: {b"a": b"3"},
     }
@@ -327,7 +325,7 @@ async def test_the_restored_lease_follows_the_claim_rule(store: Store) -> None:
         counts = await QueueOps(store, Q, lease_ttl=600).reclaim(10, full_scan=True)
         after = await server_now(store)
         assert (counts.orphans, counts.leases_restored, counts.redelivered) == (2, 2, 0)
-        leases = dict(await _zrange(store, K.index))
+        leases = dict(await zrange(store, K.index))
         assert leases[b"near"] == float(now + 90)  # deadline + 30 s, under now + 600
         assert before + 30 <= leases[b"past"] <= after + 30  # the floor: now + min(600, 30)
 
@@ -348,13 +346,13 @@ async def test_an_orphan_at_max_deliveries_is_dead_lettered_with_its_record(stor
             1,
             1,
         )
-        ((_, lease),) = await _zrange(store, K.index)
+        ((_, lease),) = await zrange(store, K.index)
         with trio.fail_after(30):
             while await server_now(store) <= lease:
                 await trio.sleep(0.05)
         counts = await ops.reclaim(max_deliveries=3, full_scan=True)
         assert (counts.redelivered, counts.dead, counts.orphans) == (0, 1, 0)
-        assert [m for m, _ in await _zrange(store, K.dead)] == [raw]
+        assert [m for m, _ in await zrange(store, K.dead)] == [raw]
         (record,) = await store.command("LRANGE", "result-list", 0, -1)
         assert json.loads(record)["error_code"] == "MAX_DELIVERIES_EXCEEDED"
         assert await store.command("EXISTS", K.claimed, K.owners, K.index, K.deliveries) == 0
@@ -443,22 +441,6 @@ def test_inspect_shows_the_orphan_count(redis_url: str) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-async def _zrange(store: Store, key: str) -> list[tuple[bytes, float]]:
-    return [
-        (m, float(s)) for m, s in pairs(await store.command("ZRANGE", key, 0, -1, "WITHSCORES"))
-    ]
-
-
-def _run(url: str, fn: Any) -> Any:
-    from redis_state import redis
-
-    return redis(url, fn)
-
-
-def server_now_sync(url: str) -> float:
-    return float(_run(url, server_now))
 
 
 async def test_drain_releases_an_orphan_without_counting_a_delivery(store: Store) -> None:

@@ -12,17 +12,20 @@ or succeeds without touching a key of a foreign type that it does not own.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
-from conftest import RedisFactory
 
 from claimkit.protocol.keys import QueueKeys
 from claimkit.store import Arg, Store, StoreError, open_store
 from claimkit.store.scripts import all_scripts
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from conftest import RedisFactory
 
 Q = "q"
 K = QueueKeys.for_queue(Q)
@@ -278,7 +281,7 @@ async def dump(store: Store) -> dict[bytes, tuple[bytes, bytes]]:
 
 
 async def run_case(
-    store: Store, case: Case, *, argv: list[Arg] | None = None, extra: list[list[Arg]] = ()
+    store: Store, case: Case, *, argv: list[Arg] | None = None, extra: Sequence[Sequence[Arg]] = ()
 ) -> tuple[bool, dict[bytes, tuple[bytes, bytes]], dict[bytes, tuple[bytes, bytes]]]:
     """Seed, run; ``(succeeded, before, after)``."""
     await store.command("FLUSHDB")
@@ -379,7 +382,8 @@ async def test_out_of_memory_never_fails_a_script_half_way(redis_factory: RedisF
                 try:
                     await store.run(all_scripts()[case.script], case.keys, case.argv)
                 except StoreError as exc:
-                    assert "OOM" in str(exc), (name, exc)
+                    # Either outcome is allowed, so no pytest.raises: a refusal must be OOM.
+                    assert "OOM" in str(exc), (name, exc)  # noqa: PT017
                     assert await dump(store) == before, name
                     refused.add(name)
         # Those whose first write needs memory are refused; the others run to the end.

@@ -11,24 +11,27 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
-import json
 import re
 import shutil
-from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from support import StoreWrapper, member, server_now
 
 from claimkit.protocol.models import Envelope, Invalid, TerminalRecord, parse_member
 from claimkit.protocol.ops import AckItem, QueueOps, move_retries
 from claimkit.store import Arg, ScriptCall, Store, StoreError
 from claimkit.store import scripts as _scripts
 from claimkit.store.scripts import Script, ScriptError, all_scripts, script
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
 
 SOURCE_LUA = Path(__file__).resolve().parent.parent / "lua"
 """The source tree's ``lua/`` (tests run from a checkout)."""
@@ -192,6 +195,15 @@ def test_the_active_lua_dir_matches_the_source_tree() -> None:
 # -- includes --------------------------------------------------------------------------------
 
 
+_INCLUDE_LINE = re.compile(r"^-- @include _[a-z-]+\s*$", re.MULTILINE)
+
+
+def _first_function(text: str) -> str:
+    found = re.search(r"^local function (\w+)\(", text, re.MULTILINE)
+    assert found is not None
+    return found.group(1)
+
+
 def test_includes_are_resolved() -> None:
     includes = {p.stem: p.read_text(encoding="utf-8") for p in _scripts._lua_dir().glob("_*.lua")}
     assert set(includes) == {
@@ -199,14 +211,20 @@ def test_includes_are_resolved() -> None:
         "_drop-claim",
         "_guard-keys",
         "_lease",
+        "_member",
         "_push-terminal",
+        "_record",
         "_server-now",
     }
     for s in all_scripts().values():
         assert "@include" not in s.source, s.name
         raw = (_scripts._lua_dir() / f"{s.name}-{s.numkeys}.lua").read_text(encoding="utf-8")
         for name in re.findall(r"^-- @include (_[a-z-]+)\s*$", raw, re.MULTILINE):
-            assert includes[name].strip() in s.source, f"{s.name} lacks {name}"
+            # An include naming includes of its own has them pasted where it names them
+            # (or above, once per script): each piece between those lines is in the source.
+            for piece in _INCLUDE_LINE.split(includes[name]):
+                assert piece.strip() in s.source, f"{s.name} lacks {name}"
+            assert s.source.count(f"local function {_first_function(includes[name])}(") == 1
         # Every helper a script calls is defined in its resolved source.
         for helper in (
             "server_now",
@@ -220,6 +238,13 @@ def test_includes_are_resolved() -> None:
             "claim_score",
             "next_delivery",
             "lease_expiry",
+            "guarded_get",
+            "decode_member",
+            "member_deadline",
+            "member_id",
+            "member_internal",
+            "json_string",
+            "error_record",
         ):
             if re.search(rf"\b{helper}\(", s.source):
                 assert f"local function {helper}(" in s.source, f"{s.name}: {helper}"
@@ -251,8 +276,12 @@ def test_every_writing_script_guards_its_keys_before_writing() -> None:
         # The guard is the script's first statement: before it, only included functions.
         first = re.sub(r"\A\s*--\[\[.*?\]\]", "", source, count=1, flags=re.DOTALL)
         top = [line for line in first.splitlines() if line and not line.startswith((" ", "--"))]
+        # (An include's constant table, ``local NAME = {`` ... ``}``, is no statement either.)
         statements = [
-            line for line in top if not line.startswith(("local function", "end", "local GUARD"))
+            line
+            for line in top
+            if not line.startswith(("local function", "end", "}"))
+            and not re.match(r"local [A-Z_]+ = ", line)
         ]
         assert statements[0] == call, (name, statements[:2])
         header = source.split("]]", 1)[0].upper()
@@ -362,19 +391,12 @@ def test_header_documents_exactly_numkeys_keys(name: str) -> None:
     assert "Output:" in header(s.source)
 
 
-class RecordingStore:
+class RecordingStore(StoreWrapper):
     """A store that records every script call and delegates to a real one."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self.runs: list[tuple[str, list[str]]] = []
-
-    async def command(self, *args: Arg) -> Any:
-        return await self.inner.command(*args)
-
-    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
-        return await self.inner.pipeline(commands, transaction=transaction)
 
     async def run(self, s: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         self.runs.append((s.name, list(keys)))
@@ -385,29 +407,13 @@ class RecordingStore:
         return await self.inner.run_many(s, calls)
 
 
-def member(rid: str, deadline: int) -> bytes:
-    return json.dumps(
-        {
-            "internal": {"request_token": "ab" * 16},
-            "request_kind": "plain",
-            "data": {"id": rid, "deadline": deadline},
-        },
-        separators=(",", ":"),
-    ).encode()
-
-
-async def server_now(store: Store) -> float:
-    sec, usec = await store.command("TIME")
-    return int(sec) + int(usec) / 1_000_000
-
-
 async def test_queue_ops_pass_the_documented_keys(store: Store) -> None:
     with trio.fail_after(10):
         rec = RecordingStore(store)
         ops = QueueOps(rec, Q)
         now = await server_now(store)
         deadline = int(now) + 600
-        raw = member("a", deadline)
+        raw = member("a", deadline, request_token="ab" * 16)
         await store.command("ZADD", Q, deadline, raw)
         env = parse_member(raw)
         bad = parse_member(b"not json")
@@ -449,6 +455,38 @@ async def test_the_store_refuses_a_wrong_key_count(store: Store, name: str) -> N
                 await store.run(s, keys, ["1"])
         # Nothing reached Redis.
         assert await store.command("KEYS", "*") == [b"canary"]
+
+
+def test_only_the_protocol_layer_imports_the_script_registry() -> None:
+    """One door to the scripts: outside ``claimkit.store`` itself, only ``claimkit.protocol``
+    imports ``claimkit.store.scripts`` (the same rule as the import-linter contract)."""
+    package = Path(_scripts.__file__).resolve().parents[1]
+    importers = set()
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if "claimkit.store.scripts" in names:
+                importers.add(path.relative_to(package).parts[0])
+    assert importers <= {"protocol", "store"}
+    assert "protocol" in importers
+
+
+def test_the_request_token_has_one_name() -> None:
+    """``internal.request_token`` is ``request_token`` in Python and in every script."""
+    for s in all_scripts().values():
+        assert "gen_token" not in s.source, s.name
+
+
+def test_a_script_checks_its_key_count() -> None:
+    s = script("claim")
+    s.check_key_count(["a", "b", "c", "d"])
+    with pytest.raises(ValueError, match=r"^claim takes 4 keys, got 3$"):
+        s.check_key_count(["a", "b", "c"])
 
 
 # -- SHA1 and NOSCRIPT ---------------------------------------------------------------------------
@@ -496,3 +534,36 @@ async def test_noscript_falls_back_to_eval_once(store: Store) -> None:
         assert stats["evalsha"] == stats["evalsha"] | {"calls": 2, "failed_calls": 1}
         assert stats["eval"]["calls"] == 1  # loaded now: EVALSHA alone
         assert await store.command("KEYS", "*") == []
+
+
+# -- one record serialiser (lua/_record.lua) -------------------------------------------------
+
+RECORD_TEXTS = [
+    "plain",
+    "a/b//c",
+    'q"uote',
+    "back\\slash\\/",
+    "é ü 中 😀",
+    "tab\tnl\nret\rff\fbs\bctl\x01\x1f",
+    "del\x7f",
+    "nul\x00byte",
+    "line\u2028sep",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", RECORD_TEXTS)
+async def test_the_lua_record_is_byte_for_byte_the_python_one(store: Store, text: str) -> None:
+    """``error_record`` (``lua/_record.lua``, what ``reclaim-6.lua`` pushes) writes exactly
+    the bytes :meth:`TerminalRecord.to_json` writes, for odd ids and messages alike."""
+    source = _scripts._resolve(
+        "-- @include _record\nreturn error_record(ARGV[1], ARGV[2], ARGV[3])",
+        _scripts._lua_dir(),
+        set(),
+    )
+    probe = Script("record", 0, source, hashlib.sha1(source.encode()).hexdigest())
+    message = f"lease expired 3 times {text} (max_deliveries=3)"
+    rid = text or "x"
+    with trio.fail_after(10):
+        got = await store.run(probe, [], [rid, "MAX_DELIVERIES_EXCEEDED", message])
+    assert got == TerminalRecord.error(rid, "MAX_DELIVERIES_EXCEEDED", message).to_json()

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from redis_state import do
+from support import do
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
 from claimkit.config import ConfigError, load_config
 from claimkit.dev.redis_server import RedisServer
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 RedisFactory = Callable[..., RedisServer]
 PASSWORD = "s3cret pw/@:"

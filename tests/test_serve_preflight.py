@@ -15,15 +15,15 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import support
 import trio
-from redis_state import command_calls
+from support import command_calls, deadline
 
-from claimkit.config import ConfigError, load_config
+from claimkit.config import Config, ConfigError
 from claimkit.consumer.consumer import Consumer, QueueRuntime, key_roles
 from claimkit.consumer.dispatch import Done, Outcome
 from claimkit.consumer.serve import _preflight
@@ -37,22 +37,23 @@ Q = "wq"
 RL = "wq-results"
 
 
+FIELDS: dict[str, Any] = {
+    "poll_interval_ms": 20,
+    "claim_lease_ttl_seconds": 3,
+    "claim_reclaim_interval_ms": 100,
+    "metrics_port": 0,
+    "health_port": 0,
+    "drain_timeout_seconds": 1,
+}
+
+
 def config_doc(**overrides: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "poll_interval_ms": 20,
-        "claim_lease_ttl_seconds": 3,
-        "claim_reclaim_interval_ms": 100,
-        "metrics_port": 0,
-        "health_port": 0,
-        "drain_timeout_seconds": 1,
-        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
-    }
-    doc.update(overrides)
-    return doc
+    """This file's consumer settings, without a URL (serve reads ``REDIS_URL``)."""
+    return support.config_doc(queue=Q, **FIELDS | overrides)
 
 
-def make_config(redis_url: str, **overrides: Any) -> Any:
-    return load_config(inline=json.dumps({"url": redis_url, **config_doc(**overrides)}))
+def make_config(redis_url: str, **overrides: Any) -> Config:
+    return support.make_config(redis_url, queue=Q, **FIELDS | overrides)
 
 
 def with_result_list(**overrides: Any) -> dict[str, Any]:
@@ -62,10 +63,6 @@ def with_result_list(**overrides: Any) -> dict[str, Any]:
         ],
         **overrides,
     }
-
-
-def deadline() -> int:
-    return int(time.time()) + 600
 
 
 def run_serve(redis_url: str, doc: dict[str, Any]) -> subprocess.CompletedProcess[bytes]:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import trio
 from held_gateway import held_gateway
-from redis_state import free_port, wait_port
+from support import deadline, free_port, wait_port
 
 from claimkit.consumer.serve import _EarlySignals
 from claimkit.dev.redis_server import RedisServer
@@ -47,7 +47,8 @@ def sim_url(tmp_path: Path) -> Iterator[str]:
         # It picks its own port and says so: no free-port race with other processes.
         end = time.monotonic() + 30
         while not (found := re.findall(r"listening on (http://\S+)", log.read_text())):
-            assert time.monotonic() < end and proc.poll() is None, log.read_text()
+            assert time.monotonic() < end, log.read_text()
+            assert proc.poll() is None, log.read_text()
             time.sleep(0.02)
         yield found[0]
     finally:
@@ -102,10 +103,6 @@ async def wait_for(store: Store, command: tuple[Any, ...], predicate: Any) -> An
         if predicate(value):
             return value
         await trio.sleep(0.05)
-
-
-def deadline() -> int:
-    return int(time.time()) + 600
 
 
 async def test_sigkilled_consumer_work_is_redelivered_once(redis_url: str, tmp_path: Path) -> None:
@@ -286,7 +283,8 @@ def test_sigterm_while_starting_is_a_graceful_stop(
     try:
         end = time.monotonic() + 30
         while not connected_to(server.port):
-            assert time.monotonic() < end and proc.poll() is None, log.read_text()
+            assert time.monotonic() < end, log.read_text()
+            assert proc.poll() is None, log.read_text()
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
@@ -335,7 +333,8 @@ def test_a_redis_restart_is_logged_in_lines_not_tracebacks(
 def wait_log(proc: subprocess.Popen[bytes], log: Path, text: str, timeout: float = 30) -> None:
     end = time.monotonic() + timeout
     while text not in log.read_text():
-        assert time.monotonic() < end and proc.poll() is None, log.read_text()
+        assert time.monotonic() < end, log.read_text()
+        assert proc.poll() is None, log.read_text()
         time.sleep(0.05)
 
 
@@ -347,7 +346,8 @@ def test_early_signal_handlers_are_put_back_once() -> None:
     early.install()
     try:
         handler = signal.getsignal(signal.SIGTERM)
-        assert handler == signal.getsignal(signal.SIGINT) and callable(handler)
+        assert handler == signal.getsignal(signal.SIGINT)
+        assert callable(handler)
         handler(signal.SIGTERM, None)
         handler(signal.SIGINT, None)
         assert early.received == [signal.SIGTERM, signal.SIGINT]

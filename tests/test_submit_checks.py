@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import trio
-from redis_state import do, redis
-from typer.testing import CliRunner, Result
+from support import do, invoke, make_config, one_line_error, redis
 
-from claimkit.cli.app import app
-from claimkit.config import load_config
 from claimkit.consumer.consumer import Consumer
 from claimkit.dev.sim import SimConfig, serve_sim
 from claimkit.producer import Producer, SubmitError
@@ -32,27 +27,18 @@ from claimkit.protocol.models import (
     Invalid,
     parse_member,
 )
-from claimkit.store import Store
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from claimkit.store import Store
 
 T = TypeVar("T")
 Q = "sq"
-runner = CliRunner()
-
-
-def invoke(args: Sequence[str], url: str, stdin: str | None = None) -> Result:
-    return runner.invoke(app, list(args), input=stdin, env={"REDIS_URL": url, "COLUMNS": "200"})
 
 
 def keys(url: str) -> list[bytes]:
     return sorted(do(url, ("KEYS", "*"))[0])
-
-
-def one_line_error(result: Result, text: str) -> None:
-    """``result`` failed with exactly ``claimkit: <text>`` on stderr, nothing else."""
-    assert result.exit_code == 1, (result.exit_code, result.output)
-    assert "Traceback" not in result.output
-    assert result.stdout == ""
-    assert result.stderr.splitlines() == [f"claimkit: {text}"]
 
 
 def future(seconds: int = 3600) -> int:
@@ -79,7 +65,8 @@ def test_the_last_second_of_year_9999_is_a_valid_deadline() -> None:
     assert MAX_DEADLINE == 253402300799
     raw = json.dumps(wire({"id": "x", "deadline": MAX_DEADLINE})).encode()
     parsed = parse_member(raw)
-    assert isinstance(parsed, Envelope) and parsed.deadline == MAX_DEADLINE
+    assert isinstance(parsed, Envelope)
+    assert parsed.deadline == MAX_DEADLINE
 
 
 async def test_the_consumer_dead_letters_a_queued_out_of_range_deadline(
@@ -95,16 +82,13 @@ async def test_the_consumer_dead_letters_a_queued_out_of_range_deadline(
         await Producer(store, Q).submit({"id": "good", "deadline": future()})
         async with trio.open_nursery() as sim:
             gateway = await sim.start(serve_sim, SimConfig())
-            config = load_config(
-                inline=json.dumps(
-                    {
-                        "url": redis_url,
-                        "poll_interval_ms": 20,
-                        "metrics_port": 0,
-                        "health_port": 0,
-                        "queues": [{"queue_name": Q, "igw_base_url": gateway}],
-                    }
-                )
+            config = make_config(
+                redis_url,
+                queue=Q,
+                gateway=gateway,
+                poll_interval_ms=20,
+                metrics_port=0,
+                health_port=0,
             )
             consumer = Consumer(config, store)
             async with trio.open_nursery() as nursery:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import trio
 import trustme
-from redis_state import free_port
+from support import free_port
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app

@@ -16,15 +16,17 @@ import ipaddress
 import json
 import math
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from claimkit._errors import ConfigError
 from claimkit.config.gate_params import GATE_TYPES, check_gate_address, check_gate_params
 from claimkit.config.model import DEFAULT_MAX_DELIVERIES, MAX_NUMBER, Config, QueueConfig
 from claimkit.store.urls import check_url
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = ["has_password", "load_config"]
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from claimkit.protocol.models import ErrorCode
+from claimkit.protocol.ops import ReleaseCode
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -198,12 +199,12 @@ class HeldClaims:
 
     # -- sweep and reclaim (docs/protocol.md#release-and-sweep, docs/protocol.md#reclaim) -----
 
-    def swept(self, claims: Sequence[Claim], codes: Sequence[int]) -> None:
-        """The sweep's release script answered ``codes`` (1 released) for ``claims``: none of
-        them is held any more, whatever the code."""
+    def swept(self, claims: Sequence[Claim], codes: Sequence[ReleaseCode]) -> None:
+        """The sweep's release script answered ``codes`` for ``claims``: none of them is held
+        any more, whatever the code; those released count as released."""
         for claim, code in zip(claims, codes, strict=True):
             self._by_id.pop(claim.env.id, None)
-            if code == 1:
+            if code == ReleaseCode.RELEASED:
                 self.summary.released += 1
         self.show_depth()
 

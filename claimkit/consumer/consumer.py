@@ -47,7 +47,7 @@ from claimkit.consumer.preflight import (
 from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock, until_answered
 from claimkit.consumer.settle import SWEEP_TIMEOUT_SECONDS, Settler
 from claimkit.consumer.upkeep import Upkeep
-from claimkit.protocol.ops import QueueOps, QueueProtocol
+from claimkit.protocol.ops import QueueOps, QueueProtocol, ReleaseCode
 from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -336,7 +336,12 @@ class Consumer:
                 )
                 continue
             q.claims.swept(held, codes)
-            log.info("sweep %s: released %d of %d claims", q.name, codes.count(1), len(codes))
+            log.info(
+                "sweep %s: released %d of %d claims",
+                q.name,
+                codes.count(ReleaseCode.RELEASED),
+                len(codes),
+            )
 
     # -- the default handler -----------------------------------------------------------------
 

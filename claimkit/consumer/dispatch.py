@@ -47,7 +47,7 @@ import msgspec
 import trio
 
 from claimkit.consumer import http as _http
-from claimkit.protocol.models import ErrorCode, TerminalRecord
+from claimkit.protocol.models import ErrorCode, TerminalRecord, deadline_passed, deadline_record
 
 if TYPE_CHECKING:
     from claimkit.protocol.models import Envelope
@@ -79,7 +79,6 @@ _MAX_BACKOFF = 60.0
 _BACKSTOP_SECONDS = 1.0
 _INFERENCE_ERROR_PREFIX = "Failed to send request to inference: "
 _TIMEOUTS = (_http.ConnectTimeout, _http.PoolTimeout, _http.WriteTimeout, _http.ReadTimeout)
-_DEADLINE_MESSAGE = "deadline exceeded"
 _RETRY_AFTER_SECONDS = re.compile(r"\d+(?:\.\d+)?")
 _default_rng = random.Random()
 _log = logging.getLogger("claimkit.dispatch")
@@ -274,10 +273,6 @@ def _describe(exc: Exception) -> str:
     return text or type(exc).__name__
 
 
-def _deadline_record(env: Envelope) -> TerminalRecord:
-    return TerminalRecord.error(env.id, ErrorCode.DEADLINE_EXCEEDED, _DEADLINE_MESSAGE)
-
-
 def _inference_error(env: Envelope, reason: str, *, unanswered: bool = False) -> Done:
     return Done(
         TerminalRecord.error(env.id, ErrorCode.INFERENCE_ERROR, _INFERENCE_ERROR_PREFIX + reason),
@@ -288,8 +283,7 @@ def _inference_error(env: Envelope, reason: str, *, unanswered: bool = False) ->
 def _deadline_ends(env: Envelope, last: TerminalRecord | None) -> Done:
     """The deadline ended the request: its last HTTP response (this attempt's, else the one
     its member carries from an earlier attempt), or ``DEADLINE_EXCEEDED``."""
-    last = last or env.last_response
-    return Done(last if last is not None else _deadline_record(env))
+    return Done(deadline_record(env, last))
 
 
 async def dispatch(
@@ -333,10 +327,10 @@ async def dispatch(
         response (if any) is closed and its connection released, and nothing else is
         changed. The caller still owns the claim and decides what becomes of it.
     """
+    if deadline_passed(env.deadline, now):
+        return _deadline_ends(env, None)
     seconds_left = env.deadline - now
     timeout = min(request_timeout, seconds_left)
-    if timeout <= 0:
-        return _deadline_ends(env, None)
     # When the time to the deadline is the attempt's limit, running out of it is the
     # deadline ending the request, not the gateway failing to answer.
     deadline_cuts = seconds_left <= request_timeout

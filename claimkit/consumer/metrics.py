@@ -9,10 +9,12 @@ prometheus-client's ``_total``. Every metric has the labels ``queue_id``, ``queu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from claimkit.config import QueueConfig
+if TYPE_CHECKING:
+    from claimkit.config import QueueConfig
 
 __all__ = ["Metrics", "QueueMetrics"]
 

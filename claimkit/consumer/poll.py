@@ -23,6 +23,8 @@ from claimkit.protocol.models import (
     ErrorCode,
     Invalid,
     TerminalRecord,
+    deadline_passed,
+    deadline_record,
     parse_member,
 )
 from claimkit.protocol.ops import ClaimCode, new_token
@@ -182,8 +184,8 @@ class Poller:
         """The candidates to claim: every expired one (it gets its record), and the live ones
         the gate admits, in deadline order."""
         now = self._clock.now()
-        expired = [e for e in valid if e.deadline <= now]
-        live = [e for e in valid if e.deadline > now]
+        expired = [e for e in valid if deadline_passed(e.deadline, now)]
+        live = [e for e in valid if not deadline_passed(e.deadline, now)]
         try:
             admitted = await q.gate.admit(len(live), q.inflight)
             q.gate_error = ""
@@ -198,7 +200,7 @@ class Poller:
 
     async def _claim(
         self, q: QueueRuntime, candidates: list[Envelope], slots: list[object]
-    ) -> tuple[list[tuple[Claim, object]], list[int]]:
+    ) -> tuple[list[tuple[Claim, object]], list[ClaimCode]]:
         """Claim ``candidates`` in one call; each claim granted takes a slot from ``slots``.
         Returns the claims with their slots, and the claim codes."""
         stamp = self._clock.now()
@@ -233,8 +235,8 @@ class Poller:
         queue key would re-create it as a list and break it for every request). Such a
         request is dead-lettered; its record, and that of an invalid member naming such a
         key, goes to the queue's or the global list."""
-        name = parsed.result_queue_name
-        if q.ops.result_list is not None or not name or not _keys.is_reserved(name, self._reserved):
+        name = q.ops.routing.member_list(parsed.result_queue_name)
+        if name is None or not _keys.is_reserved(name, self._reserved):
             return parsed
         if isinstance(parsed, Invalid):
             return replace(parsed, result_queue_name=None)
@@ -273,14 +275,9 @@ class Poller:
             claim.scope = scope
             if claim.cancelled:
                 outcome = Done(TerminalRecord.error(env.id, ErrorCode.CANCELLED, "cancelled"))
-            elif env.deadline <= now:
+            elif deadline_passed(env.deadline, now):
                 # Past the deadline the last HTTP response it had is its record.
-                outcome = Done(
-                    env.last_response
-                    or TerminalRecord.error(
-                        env.id, ErrorCode.DEADLINE_EXCEEDED, "deadline exceeded"
-                    )
-                )
+                outcome = Done(deadline_record(env))
             else:
                 q.inflight += 1
                 q.metrics.inflight.inc()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,7 +16,7 @@ from claimkit.consumer.preflight import check_key_roles
 from claimkit.store import StoreError, StorePermissionError, StoreUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Awaitable, Callable, Mapping
 
     from claimkit.config import QueueConfig
     from claimkit.consumer.claims import HeldClaims

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
-from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -21,6 +19,10 @@ from claimkit.consumer.health import HttpBindError, serve_http
 from claimkit.protocol.ops import first_wrong_type
 from claimkit.store import Store, StoreUnavailable, open_store
 from claimkit.store.server_checks import eviction_policy
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import FrameType
 
 __all__ = ["serve_forever"]
 

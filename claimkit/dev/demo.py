@@ -29,7 +29,6 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +51,8 @@ from claimkit.protocol import keys as _keys
 from claimkit.store import open_store
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from claimkit.store import Store
 
 __all__ = ["run_demo"]

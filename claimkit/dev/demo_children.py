@@ -8,10 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from pathlib import Path
 
 __all__ = ["POLL_SECONDS", "Children", "DemoError", "exit_code", "until"]
 

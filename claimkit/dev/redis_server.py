@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -38,6 +37,7 @@ from claimkit.dev.server_binary import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from types import TracebackType
 
 __all__ = [

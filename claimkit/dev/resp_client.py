@@ -4,8 +4,10 @@ fresh connection (readiness probes, ``FLUSHALL``)."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 HOST = "127.0.0.1"
 

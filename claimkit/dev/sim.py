@@ -23,7 +23,6 @@ import random
 import socket
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,8 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from hypercorn.typing import (
         ASGIReceiveCallable,
         ASGISendCallable,

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from claimkit.config import Config
 from claimkit.config.gate_params import budget_key
 from claimkit.protocol import keys as _keys
-from claimkit.store.scripts import script
+from claimkit.protocol.operator import script_source
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from claimkit.config import Config
 
 __all__ = ["ROLES", "AclRule", "acl_rule"]
 
@@ -94,7 +98,7 @@ def _glob(name: str) -> str:
 
 
 def _lua_commands(names: Iterable[str]) -> set[str]:
-    return {m.upper() for name in names for m in _LUA_CALL.findall(script(name).source)}
+    return {m.upper() for name in names for m in _LUA_CALL.findall(script_source(name))}
 
 
 def _queue_keys(queue: str, *, pending_only: bool = False) -> list[str]:

@@ -18,18 +18,19 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from claimkit.ops.inspect import json_float, with_scores
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import Invalid, max_deliveries_message, parse_member
-from claimkit.protocol.ops import CHUNK
-from claimkit.store.scripts import script
+from claimkit.protocol.operator import OperatorScripts
+from claimkit.protocol.ops import CHUNK, RequeueCode
 
 if TYPE_CHECKING:
-    from claimkit.store import Arg, Store
+    from collections.abc import AsyncIterator, Sequence
+
+    from claimkit.store import Store
 
 __all__ = [
     "CAUSE_INVALID",
@@ -274,23 +275,14 @@ async def find_dead(store: Store, queue: str, ids: Sequence[str]) -> list[DeadLe
     return found
 
 
-async def _requeue(
-    store: Store, queue: str, members: Sequence[bytes], *, keep_marker: bool
-) -> list[int]:
-    k = _keys.QueueKeys.for_queue(queue)
-    args: list[Arg] = [_keys.RESULT_TERMINAL_PREFIX, "1" if keep_marker else "0", *members]
-    reply = await store.run(script("requeue-dead"), [k.dead, k.pending, k.deliveries], args)
-    return [int(code) for code in reply]
-
-
 _SCRIPT_REFUSED = "the requeue script found no positive numeric data.deadline"
 
 
-def _tally(report: RequeueReport, page: Sequence[DeadLetter], codes: Sequence[int]) -> None:
+def _tally(report: RequeueReport, page: Sequence[DeadLetter], codes: Sequence[RequeueCode]) -> None:
     for dead, code in zip(page, codes, strict=True):
-        if code == 1:
+        if code == RequeueCode.REQUEUED:
             report.requeued.append(dead.id or "?")
-        elif code == -1:
+        elif code == RequeueCode.LEFT_DEAD:
             report.refused.append(Refusal(dead, _SCRIPT_REFUSED))
 
 
@@ -307,12 +299,14 @@ async def _requeue_page(
         else:
             report.refused.append(Refusal(dead, problem))
     codes = (
-        await _requeue(store, queue, [d.member for d in accepted], keep_marker=keep)
+        await OperatorScripts(store, queue).requeue_dead(
+            [d.member for d in accepted], keep_marker=keep
+        )
         if accepted
         else []
     )
     _tally(report, accepted, codes)
-    return len(page) - len(accepted) + sum(1 for code in codes if code != 1)
+    return len(page) - len(accepted) + sum(1 for code in codes if code != RequeueCode.REQUEUED)
 
 
 async def requeue_dead(

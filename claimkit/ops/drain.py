@@ -15,13 +15,14 @@ nothing runs to two records.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from claimkit.protocol.ops import CHUNK, QueueOps
+from claimkit.protocol.ops import CHUNK, QueueOps, ReleaseCode
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from claimkit.store import Store
 
 __all__ = ["DrainReport", "drain_claims", "list_claim_ids"]
@@ -150,14 +151,14 @@ def _fenced_claims(
     return claims
 
 
-def _count_released(codes: list[int], report: DrainReport) -> None:
+def _count_released(codes: list[ReleaseCode], report: DrainReport) -> None:
     """Count the release script's reply per claim (docs/protocol.md#release-and-sweep)."""
     for code in codes:
-        if code == 1:
+        if code == ReleaseCode.RELEASED:
             report.released += 1
-        elif code == 0:
+        elif code == ReleaseCode.GONE:
             report.gone += 1
-        elif code == -1:
+        elif code == ReleaseCode.TAKEN:
             report.other_owner += 1
         else:
             report.renewed += 1

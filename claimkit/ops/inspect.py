@@ -11,18 +11,19 @@ string, say) into one :class:`WrongKeyType` line before any script meets it.
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from claimkit.config import WrongKeyType
 from claimkit.protocol import keys as _keys
+from claimkit.protocol.models import retry_queue_name
+from claimkit.protocol.operator import OperatorScripts
 from claimkit.protocol.ops import first_wrong_type, token_time
-from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping, Sequence
+
     from claimkit.store import Store
 
 __all__ = [
@@ -261,35 +262,6 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _float(value: Any) -> float | None:
-    """A score or time read from Redis; ``None`` when absent or not a number (a hash field
-    written by someone else must not stop ``inspect``)."""
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _int(value: Any) -> int:
-    """A count read from a hash field; 0 when absent or not an integer."""
-    try:
-        return 0 if value is None else int(value)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _routed_to(member: bytes, queue: str) -> bool:
-    """Whether a retry-set member goes back to ``queue`` (its ``internal.request_queue_name``)."""
-    try:
-        doc = json.loads(member)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return False
-    internal = doc.get("internal") if isinstance(doc, dict) else None
-    return isinstance(internal, dict) and internal.get("request_queue_name") == queue
-
-
 async def snapshot(
     store: Store,
     queue: str,
@@ -327,31 +299,22 @@ async def snapshot(
     """
     if limit < 0:
         raise ValueError("limit must be 0 (all) or more")
-    k = _keys.QueueKeys.for_queue(queue)
-    reply = await store.run(
-        script("inspect"),
-        [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead],
-        [limit, CLAIM_SCAN_MAX],
-    )
-    now = float(reply[0])
+    found = await OperatorScripts(store, queue).inspect(limit, CLAIM_SCAN_MAX)
+    now = found.server_now
     rows: list[ClaimRow] = []
-    raw_rows = reply[10:]
-    for i in range(0, len(raw_rows), 6):
-        rid, expiry, owner, score, deliveries, has_payload = raw_rows[i : i + 6]
-        lease_expiry = float(expiry)
-        token = None if owner is None else _text(owner)
-        claimed_at = None if token is None else token_time(token)
+    for claim in found.rows:
+        claimed_at = None if claim.owner is None else token_time(claim.owner)
         if claimed_at is not None and claimed_at > now + _STAMP_AHEAD_MAX:
             claimed_at = None  # not a claim time: a foreign token that matched by chance
         rows.append(
             ClaimRow(
-                id=_text(rid),
-                owner=token,
-                lease_expiry=lease_expiry,
-                lease_left=lease_expiry - now,
-                score=_float(score),
-                deliveries=_int(deliveries),
-                has_payload=bool(int(has_payload)),
+                id=claim.id,
+                owner=claim.owner,
+                lease_expiry=claim.lease_expiry,
+                lease_left=claim.lease_expiry - now,
+                score=claim.score,
+                deliveries=claim.deliveries,
+                has_payload=claim.has_payload,
                 # The stamp is the consumer's estimate of the server clock: never negative.
                 held_seconds=None if claimed_at is None else max(0.0, now - claimed_at),
                 held_exact=claimed_at is not None,
@@ -370,16 +333,16 @@ async def snapshot(
         transaction=True,
     )
     retry_total = int(extra[0])
-    retrying = sum(1 for member in extra[1] if _routed_to(member, queue))
+    retrying = sum(1 for member in extra[1] if retry_queue_name(member) == queue)
     return QueueSnapshot(
         queue=queue,
         server_time=now,
-        pending=int(reply[1]),
-        oldest_pending_deadline=_float(reply[2]),
-        claimed=int(reply[7]),
-        expired=int(reply[4]),
-        dead=int(reply[5]),
-        redelivered=int(reply[6]),
+        pending=found.pending,
+        oldest_pending_deadline=found.oldest_pending_score,
+        claimed=found.claims,
+        expired=found.expired,
+        dead=found.dead,
+        redelivered=found.redelivered,
         retry_set=retry_set,
         retry_total=retry_total,
         retrying=retrying,
@@ -387,9 +350,9 @@ async def snapshot(
         results={name: int(n) for name, n in zip(lists, extra[2:], strict=True)},
         claims=tuple(rows),
         limit=limit,
-        leases=int(reply[3]),
-        orphans=int(reply[8]),
-        claims_exact=bool(int(reply[9])),
+        leases=found.leases,
+        orphans=found.orphans,
+        claims_exact=found.claims_exact,
     )
 
 

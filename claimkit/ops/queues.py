@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from claimkit.ops.inspect import queue_key_types
 from claimkit.protocol import keys as _keys
+from claimkit.protocol.routing import ResultRouting
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -37,16 +38,14 @@ class OperatorQueue:
 
     @property
     def result_lists(self) -> list[str]:
-        """The lists this queue's records go to by config (docs/protocol.md#terminal-record).
-
-        ROUTING: the one place the operator commands decide where a queue's records go.
-        It knows only the config (the queue's ``result_queue_name``, else the global
-        one) and ignores a member's own ``internal.result_queue_name`` (per-member
-        routing): a known gap, to be replaced by the protocol's routing function.
-        """
-        if self.queue_config is not None and self.queue_config.result_queue_name:
-            return [self.queue_config.result_queue_name]
-        return [self.config.result_queue_name]
+        """The list this queue's records go to by config alone (docs/protocol.md#result-routing):
+        :attr:`ResultRouting.fallback <claimkit.protocol.routing.ResultRouting.fallback>`,
+        the one routing rule. A member that names its own ``internal.result_queue_name``
+        sends its record there instead; those lists are not known without reading every
+        member, so the operator commands name them with ``--list``."""
+        qc = self.queue_config
+        routing = ResultRouting(qc.result_queue_name if qc else None, self.config.result_queue_name)
+        return [routing.fallback]
 
     def key_types(self) -> dict[str, str]:
         """The Redis type every key the operator commands read must hold, by key name."""

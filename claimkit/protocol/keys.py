@@ -8,9 +8,11 @@ to the same slot.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 RESULT_TERMINAL_PREFIX = "result-terminal:"
 REQUEST_ACTIVE_PREFIX = "request-active:"

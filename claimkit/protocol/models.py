@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 __all__ = [
+    "DEADLINE_EXCEEDED_MESSAGE",
     "DEADLINE_INVALID_MESSAGE",
     "DEADLINE_RANGE_MESSAGE",
     "LAST_RESPONSE_FIELD",
@@ -27,8 +28,12 @@ __all__ = [
     "ErrorCode",
     "Invalid",
     "TerminalRecord",
+    "deadline_passed",
+    "deadline_record",
+    "max_deliveries_message",
     "parse_member",
     "retry_member",
+    "retry_queue_name",
 ]
 
 DEADLINE_INVALID_MESSAGE = "Failed: deadline is missing or invalid (Unix seconds)."
@@ -157,6 +162,32 @@ class Invalid:
     result_queue_name: str | None = None
 
 
+def deadline_passed(deadline: float, now: float) -> bool:
+    """The one deadline rule: a request whose ``data.deadline`` (Unix seconds) is at or
+    before ``now`` (Unix seconds, the server clock as the caller estimates it) has passed
+    its deadline. The producer then refuses it ("deadline has already expired",
+    docs/protocol.md#producer); the consumer still claims it and acks it with
+    :func:`deadline_record` (docs/protocol.md#claim) instead of sending it."""
+    return deadline <= now
+
+
+DEADLINE_EXCEEDED_MESSAGE = "deadline exceeded"
+"""``error_message`` of a ``DEADLINE_EXCEEDED`` record (docs/protocol.md#error-codes)."""
+
+
+def deadline_record(env: Envelope, last: TerminalRecord | None = None) -> TerminalRecord:
+    """The record of a request its deadline ended
+    (docs/dispatch.md#the-deadline-ends-retries): ``last``, the last HTTP response of the
+    attempt just made, else the one an earlier attempt left in the member
+    (:attr:`Envelope.last_response`), else ``DEADLINE_EXCEEDED`` with
+    :data:`DEADLINE_EXCEEDED_MESSAGE`."""
+    if last is None:
+        last = env.last_response
+    if last is not None:
+        return last
+    return TerminalRecord.error(env.id, ErrorCode.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED_MESSAGE)
+
+
 def max_deliveries_message(expiries: int, max_deliveries: int) -> str:
     """The ``error_message`` of a ``MAX_DELIVERIES_EXCEEDED`` record: how many times the
     request's lease expired without an ack (``<q>:deliveries``, counted by the reclaimer)
@@ -276,6 +307,19 @@ def retry_member(raw: bytes, queue: str, last: TerminalRecord | None = None) -> 
         body = last.payload.encode()[:LAST_RESPONSE_MAX_BYTES].decode("utf-8", errors="ignore")
         internal[LAST_RESPONSE_FIELD] = {"status_code": last.status_code, "payload": body}
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def retry_queue_name(member: bytes) -> str | None:
+    """The queue a retry-set member goes back to (its ``internal.request_queue_name``, set
+    by :func:`retry_member`; ``lua/move-retries-2.lua`` reads the same field), or ``None``
+    when the member is not JSON or names none. Never raises."""
+    try:
+        doc = json.loads(member)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    internal = doc.get("internal") if isinstance(doc, dict) else None
+    queue = internal.get("request_queue_name") if isinstance(internal, dict) else None
+    return queue if isinstance(queue, str) else None
 
 
 @dataclass(frozen=True, slots=True)

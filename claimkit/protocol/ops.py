@@ -11,18 +11,31 @@ consumer, the operator commands and the tests all call the protocol through it.
 
 from __future__ import annotations
 
-import re
-import secrets
-import time
-from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecord
+from claimkit.protocol.replies import ClaimCode as ClaimCode
+from claimkit.protocol.replies import ParkCode as ParkCode
+from claimkit.protocol.replies import ReclaimCounts as ReclaimCounts
+from claimkit.protocol.replies import ReleaseCode as ReleaseCode
+from claimkit.protocol.replies import RenewCode as RenewCode
+from claimkit.protocol.replies import RequeueCode as RequeueCode
+from claimkit.protocol.replies import orphans_message as orphans_message
+from claimkit.protocol.routing import ResultRouting
+from claimkit.protocol.store_calls import CHUNK as CHUNK
+from claimkit.protocol.store_calls import as_int as _int
+from claimkit.protocol.store_calls import chunks as _chunks
+from claimkit.protocol.store_calls import first_wrong_type as first_wrong_type
+from claimkit.protocol.store_calls import move_retries as move_retries
+from claimkit.protocol.tokens import new_token as new_token
+from claimkit.protocol.tokens import token_time as token_time
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from claimkit.store import Arg, Store
 
 __all__ = [
@@ -31,9 +44,13 @@ __all__ = [
     "RENEW_CHUNK",
     "AckItem",
     "ClaimCode",
+    "ParkCode",
     "QueueOps",
     "QueueProtocol",
     "ReclaimCounts",
+    "ReleaseCode",
+    "RenewCode",
+    "RequeueCode",
     "first_wrong_type",
     "move_retries",
     "new_token",
@@ -41,72 +58,11 @@ __all__ = [
     "token_time",
 ]
 
-CHUNK = 500
-"""Items per script call. A chunk keeps one script near or under ~5 ms of Redis time."""
-
 RENEW_CHUNK = 1000
 """Claims per renew script call. ``lua/renew-2.lua`` costs ~3.5-5 us of Redis time per claim
 (half of it is only Redis building the script's ARGV), so 1000 claims stay near ~5 ms. A tick
 for 10k held claims is 10 such calls sent in one round trip (docs/performance.md,
 "Heartbeat")."""
-
-T = TypeVar("T")
-
-
-def _chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-_TOKEN_TAG = 0xC1
-"""The first 8 of the 12 ``rand_a`` bits of claimkit's tokens: with the version and variant
-bits it makes a random 128-bit token pass :func:`token_time` once in 16,384 tries."""
-
-_TOKEN_HEX = re.compile(r"[0-9a-f]{12}7c1[0-9a-f][89ab][0-9a-f]{15}")
-
-_EARLIEST_STAMP = 1_600_000_000.0
-"""2020-09-13: an older stamp is not a claim time (a foreign token that matched by chance)."""
-
-
-def new_token(now: float | None = None) -> str:
-    """A fresh ownership token: a UUIDv7 (RFC 9562) as 32 lower-case hex chars.
-
-    48 bits of Unix time in milliseconds, the version (7) and variant bits, a tag byte
-    (:data:`_TOKEN_TAG`) and 66 random bits, so it stays unguessable (at least 64 random
-    bits, docs/protocol.md#ownership-tokens) and also says when the claim was taken:
-    :func:`token_time` reads it back for ``claimkit inspect``. Fencing compares tokens for
-    equality only; the time in a token never decides anything.
-
-    Args:
-        now: Unix seconds to stamp, ideally the Redis server clock as the caller estimates
-            it; this machine's clock when ``None``.
-    """
-    ms = int((time.time() if now is None else now) * 1000) & 0xFFFF_FFFF_FFFF
-    rand = int.from_bytes(secrets.token_bytes(9), "big") & ((1 << 66) - 1)
-    rand_a = (_TOKEN_TAG << 4) | (rand >> 62)
-    rand_b = rand & ((1 << 62) - 1)
-    value = (ms << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
-    return f"{value:032x}"
-
-
-def token_time(token: str) -> float | None:
-    """The Unix seconds a :func:`new_token` token was stamped with, or ``None`` when
-    ``token`` is not one (another consumer's token, or one from before claimkit stamped
-    them) or its stamp is older than 2020. Callers should also distrust a stamp far ahead
-    of the server clock."""
-    if _TOKEN_HEX.fullmatch(token) is None:
-        return None
-    stamp = int(token[:12], 16) / 1000
-    return stamp if stamp >= _EARLIEST_STAMP else None
-
-
-class ClaimCode:
-    """Per-candidate results of the claim script (``lua/claim-4.lua``)."""
-
-    LOST = 0
-    CLAIMED = 1
-    CANCELLED = 2
-    BUSY = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,45 +75,6 @@ class AckItem:
     result_list: str
     record: bytes
     member: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ReclaimCounts:
-    """What one reclaim run did (docs/protocol.md, "Reclaim").
-
-    ``redelivered`` and ``dead`` count expired claims; ``ghosts`` the entries removed for
-    want of a payload. ``orphans`` counts the claims found without a lease entry
-    (docs/protocol.md, "Claims without a lease entry"); each of them is also counted in
-    ``leases_restored`` (given its lease back, not redelivered) or ``ghosts``.
-    """
-
-    redelivered: int = 0
-    dead: int = 0
-    ghosts: int = 0
-    orphans: int = 0
-    leases_restored: int = 0
-
-    def __add__(self, other: ReclaimCounts) -> ReclaimCounts:
-        return ReclaimCounts(
-            self.redelivered + other.redelivered,
-            self.dead + other.dead,
-            self.ghosts + other.ghosts,
-            self.orphans + other.orphans,
-            self.leases_restored + other.leases_restored,
-        )
-
-
-def orphans_message(counts: ReclaimCounts) -> str:
-    """The operator's warning about claims found without a lease entry, e.g. ``"1 claim
-    had no lease entry (evicted, partly restored or edited by hand?); its lease was given
-    back"`` (docs/protocol.md, "Claims without a lease entry")."""
-    n, restored = counts.orphans, counts.leases_restored
-    head = "1 claim had" if n == 1 else f"{n} claims had"
-    if restored == n:
-        what = "its lease was given back" if n == 1 else "their leases were given back"
-    else:
-        what = f"leases given back: {restored}, removed for want of a payload: {n - restored}"
-    return f"{head} no lease entry (evicted, partly restored or edited by hand?); {what}"
 
 
 ORPHAN_SCAN_COUNT = CHUNK
@@ -187,10 +104,6 @@ class _OrphanScan:
             return False
         self.target = _SCAN_CLAIMED
         return True
-
-
-def _int(value: Any) -> int:
-    return int(value)
 
 
 class QueueOps:
@@ -232,21 +145,23 @@ class QueueOps:
         self.retry_set = retry_set
         self.queue = queue
         self.keys = _keys.QueueKeys.for_queue(queue)
-        self.result_list = result_list
+        self.routing = ResultRouting(result_list, default_result_list)
+        self.result_list = self.routing.queue_list
         self.default_result_list = default_result_list
         self.dedup_ttl = dedup_ttl
         self.lease_ttl = lease_ttl
         self._orphan_scan = _OrphanScan()
 
     def result_list_for(self, member_result_list: str | None) -> str:
-        """The destination list of a request's record (docs/protocol.md#terminal-record)."""
-        return self.result_list or member_result_list or self.default_result_list
+        """The destination list of a request's record (docs/protocol.md#terminal-record):
+        :meth:`ResultRouting.list_for`."""
+        return self.routing.list_for(member_result_list)
 
     @property
     def fallback_result_list(self) -> str:
         """Where a record goes when the list a member names holds another type of key: the
         queue's list, else the global one (the scripts check the type as they push)."""
-        return self.result_list or self.default_result_list
+        return self.routing.fallback
 
     # -- peek (docs/protocol.md#peek) ----------------------------------------------------------
 
@@ -286,21 +201,21 @@ class QueueOps:
 
     async def claim(
         self, candidates: Sequence[tuple[Envelope, str]], lease_ttl: float
-    ) -> tuple[float, list[int]]:
+    ) -> tuple[float, list[ClaimCode]]:
         """Claim ``(envelope, token)`` pairs under a lease of ``lease_ttl`` seconds.
 
         Returns ``(server_now, codes)``: server time in Unix seconds and one
         :class:`ClaimCode` per candidate, in order.
         """
         now = 0.0
-        codes: list[int] = []
+        codes: list[ClaimCode] = []
         for chunk in _chunks(candidates):
             args: list[Arg] = [repr(float(lease_ttl)), _keys.REQUEST_CANCEL_PREFIX]
             for env, token in chunk:
                 args += [env.raw, env.id, token, env.deadline, env.request_token]
             reply = await self.store.run(script("claim"), self._claim_keys(), args)
             now = float(reply[0])
-            codes += [_int(v) for v in reply[1:]]
+            codes += [ClaimCode(_int(v)) for v in reply[1:]]
         return now, codes
 
     def _claim_keys(self) -> list[str]:
@@ -311,7 +226,7 @@ class QueueOps:
 
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
-    ) -> tuple[float, list[int]]:
+    ) -> tuple[float, list[RenewCode]]:
         """Renew ``(id, token, deadline)`` claims, fenced by token (docs/protocol.md#heartbeat).
 
         One round trip: a pipeline of one ``lua/renew-2.lua`` call per :data:`RENEW_CHUNK`
@@ -320,12 +235,13 @@ class QueueOps:
 
         Args:
             claims: ``(id, token, deadline)``; ``deadline`` in Unix seconds.
-            lease_ttl: seconds; each lease becomes ``min(now + lease_ttl, deadline + 30)``
-                on the server clock.
+            lease_ttl: seconds; each lease becomes what a claim taken now would get (the
+                one lease rule, ``lua/_lease.lua``): ``min(now + lease_ttl, deadline + 30)``,
+                never less than ``now + min(lease_ttl, 30)``, on the server clock.
 
         Returns:
-            ``(server_now, codes)``: Unix seconds at the last call, and per claim 1 renewed,
-            0 gone, -1 taken by another token.
+            ``(server_now, codes)``: Unix seconds at the last call, and one
+            :class:`RenewCode` per claim.
         """
         if not claims:
             return 0.0, []
@@ -337,10 +253,10 @@ class QueueOps:
                 args += [rid, token, deadline]
             calls.append((keys, args))
         now = 0.0
-        codes: list[int] = []
+        codes: list[RenewCode] = []
         for reply in await self.store.run_many(script("renew"), calls):
             now = float(reply[0])
-            codes += [_int(v) for v in reply[1:]]
+            codes += [RenewCode(_int(v)) for v in reply[1:]]
         return now, codes
 
     # -- ack (docs/protocol.md#ack) ------------------------------------------------------------
@@ -376,11 +292,11 @@ class QueueOps:
 
     async def park(
         self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
-    ) -> tuple[float, list[int]]:
+    ) -> tuple[float, list[ParkCode]]:
         """Move ``(id, token, delay_seconds, retry_member)`` claims to the retry set, fenced.
-        Returns ``(server_now, codes)`` with 1 parked, 0 not the caller's any more."""
+        Returns ``(server_now, codes)``: one :class:`ParkCode` per item."""
         now = 0.0
-        codes: list[int] = []
+        codes: list[ParkCode] = []
         k = self.keys
         for chunk in _chunks(items):
             args: list[Arg] = []
@@ -390,23 +306,22 @@ class QueueOps:
                 script("park"), [k.claimed, k.owners, k.index, retry_set], args
             )
             now = float(reply[0])
-            codes += [_int(v) for v in reply[1:]]
+            codes += [ParkCode(_int(v)) for v in reply[1:]]
         return now, codes
 
     # -- release (docs/protocol.md#release-and-sweep) ------------------------------------------
 
-    async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[int]:
+    async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[ReleaseCode]:
         """Hand ``(id, token, expected_expiry)`` claims back to pending at their original
         score. ``expected_expiry`` (Unix seconds, or ``None``) leaves alone a claim whose
-        lease changed since it was read. Codes: 1 released, 0 gone, -1 other owner,
-        -2 renewed since read."""
-        codes: list[int] = []
+        lease changed since it was read. One :class:`ReleaseCode` per claim."""
+        codes: list[ReleaseCode] = []
         for chunk in _chunks(claims):
             args: list[Arg] = []
             for rid, token, expected in chunk:
                 args += [rid, token, "" if expected is None else repr(float(expected))]
             reply = await self.store.run(script("release"), self._claim_keys(), args)
-            codes += [_int(v) for v in reply]
+            codes += [ReleaseCode(_int(v)) for v in reply]
         return codes
 
     # -- reclaim (docs/protocol.md#reclaim) ----------------------------------------------------
@@ -434,8 +349,7 @@ class QueueOps:
             [
                 limit,
                 max_deliveries,
-                self.result_list or "",
-                self.default_result_list,
+                *self.routing.lua_args(),
                 _keys.RESULT_TERMINAL_PREFIX,
                 self.dedup_ttl,
                 scan.target,
@@ -504,51 +418,13 @@ class QueueOps:
         return await first_wrong_type(self.store, expected)
 
 
-async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
-    """The retry mover (docs/protocol.md#retry-mover): move every due retry member back to
-    its queue at score = deadline, ``limit`` per script call, until none is due. Returns
-    ``(moved, dead)``: members that could not be routed go to ``<retry_set>:dead``."""
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
-    moved = dead = 0
-    more = True
-    while more:
-        reply = await store.run(
-            script("move-retries"), [retry_set, _keys.retry_dead(retry_set)], [limit]
-        )
-        m, d, more_flag = (_int(v) for v in reply)
-        moved, dead, more = moved + m, dead + d, bool(more_flag)
-    return moved, dead
-
-
-async def first_wrong_type(
-    store: Store, expected: Mapping[str, str]
-) -> tuple[str, str, str] | None:
-    """The first existing key of ``expected`` (key -> ``TYPE`` name, e.g.
-    :meth:`~claimkit.protocol.keys.QueueKeys.types`) holding another type, as
-    ``(key, found, expected)``; ``None`` when all are right or missing. One pipelined round
-    trip of ``TYPE`` calls.
-
-    Raises:
-        StoreUnavailable, StoreError: from the store.
-    """
-    names = list(expected)
-    if not names:
-        return None
-    replies = await store.pipeline([("TYPE", name) for name in names], transaction=False)
-    for name, reply in zip(names, replies, strict=True):
-        found = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
-        if found not in ("none", expected[name]):
-            return name, found, expected[name]
-    return None
-
-
 class QueueProtocol(Protocol):
     """What the consumer needs of one queue's protocol layer (:class:`QueueOps` is the real
     one; a test may pass a fake through ``Consumer(ops_factory=...)``). Every Redis call the
     consumer makes goes through one of these, save a ``redis`` gate's own budget read.
 
-    Attributes and methods, as on :class:`QueueOps`: ``queue``, ``result_list``,
+    Attributes and methods, as on :class:`QueueOps`: ``queue``, ``routing`` (the queue's
+    :class:`~claimkit.protocol.routing.ResultRouting`), ``result_list``,
     ``result_list_for``, ``peek``, ``dead_letter``, ``claim``, ``renew``, ``ack``,
     ``park``, ``release``, ``reclaim``, ``move_retries``, ``backlog``,
     ``first_wrong_type``. Times are Unix seconds on the Redis server clock; each call
@@ -558,6 +434,9 @@ class QueueProtocol(Protocol):
 
     @property
     def queue(self) -> str: ...
+
+    @property
+    def routing(self) -> ResultRouting: ...
 
     @property
     def result_list(self) -> str | None: ...
@@ -570,19 +449,21 @@ class QueueProtocol(Protocol):
 
     async def claim(
         self, candidates: Sequence[tuple[Envelope, str]], lease_ttl: float
-    ) -> tuple[float, list[int]]: ...
+    ) -> tuple[float, list[ClaimCode]]: ...
 
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
-    ) -> tuple[float, list[int]]: ...
+    ) -> tuple[float, list[RenewCode]]: ...
 
     async def ack(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]: ...
 
     async def park(
         self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
-    ) -> tuple[float, list[int]]: ...
+    ) -> tuple[float, list[ParkCode]]: ...
 
-    async def release(self, claims: Sequence[tuple[str, str, float | None]]) -> list[int]: ...
+    async def release(
+        self, claims: Sequence[tuple[str, str, float | None]]
+    ) -> list[ReleaseCode]: ...
 
     async def reclaim(
         self,

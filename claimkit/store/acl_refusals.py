@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from claimkit.store.interface import Arg, StorePermissionError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
 
 __all__ = [
     "ACL_LOG_ENTRIES",

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
-from claimkit.store.interface import Store
 from claimkit.store.tls import tls_settings
 from claimkit.store.urls import check_url
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from claimkit.store.interface import Store
 
 __all__ = ["open_store"]
 

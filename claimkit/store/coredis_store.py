@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +21,12 @@ from claimkit.store.interface import (
     StoreUnavailable,
 )
 from claimkit.store.redact import redact_url
-from claimkit.store.script_calls import check_keys, run_pipelined
+from claimkit.store.script_calls import run_pipelined
 from claimkit.store.tls import tls_file_error, tls_problem
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator, Sequence
+
     from claimkit.store.scripts import Script
 
 _NOOP = NoopCallback()  # type: ignore[var-annotated]
@@ -199,7 +200,7 @@ class CoredisStore:
         return StoreError(f"{message} (the transaction was refused; nothing was written)")
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        check_keys(script, keys)
+        script.check_key_count(keys)
         call = ("EVALSHA", script.sha1, len(keys), *keys, *args)
         try:
             with _translated(self.url):
@@ -214,7 +215,7 @@ class CoredisStore:
 
     async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
         for keys, _ in calls:
-            check_keys(script, keys)
+            script.check_key_count(keys)
         try:
             with _translated(self.url):
                 return await run_pipelined(script, calls, self._pipelined, cx.NoScriptError)

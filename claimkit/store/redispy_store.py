@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,10 +40,12 @@ from claimkit.store.interface import (
     StoreUnavailable,
 )
 from claimkit.store.redact import redact_url
-from claimkit.store.script_calls import check_keys, run_pipelined
+from claimkit.store.script_calls import run_pipelined
 from claimkit.store.tls import tls_file_error, tls_problem
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator, Sequence
+
     from claimkit.store.scripts import Script
 
 __all__ = ["RedispyStore", "open_redispy_store"]
@@ -257,7 +258,7 @@ class RedispyStore:
         Raises:
             ValueError: ``len(keys) != script.numkeys``.
         """
-        check_keys(script, keys)
+        script.check_key_count(keys)
         call = ("EVALSHA", script.sha1, len(keys), *keys, *args)
         return await self._explained(self._run, [call], script, keys, args, script=script.name)
 
@@ -277,7 +278,7 @@ class RedispyStore:
             ValueError: a call's ``len(keys) != script.numkeys``; nothing is sent.
         """
         for keys, _ in calls:
-            check_keys(script, keys)
+            script.check_key_count(keys)
         sent = [("EVALSHA", script.sha1, len(k), *k, *a) for k, a in calls]
         replies: list[Any] = await self._explained(
             self._run_many, sent, script, calls, script=script.name

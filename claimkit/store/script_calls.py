@@ -3,15 +3,15 @@ resend by EVAL the calls of a pipeline that Redis refused with NOSCRIPT."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from claimkit.store.interface import Arg, ScriptCall
-
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from claimkit.store.interface import Arg, ScriptCall
     from claimkit.store.scripts import Script
 
-__all__ = ["check_keys", "run_pipelined"]
+__all__ = ["run_pipelined"]
 
 
 async def run_pipelined(
@@ -39,9 +39,3 @@ async def run_pipelined(
         if isinstance(reply, Exception):
             raise reply
     return replies
-
-
-def check_keys(script: Script, keys: Sequence[str]) -> None:
-    """Raise ``ValueError`` (one line) unless ``len(keys)`` is ``script.numkeys``."""
-    if len(keys) != script.numkeys:
-        raise ValueError(f"{script.name} takes {script.numkeys} keys, got {len(keys)}")

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["Script", "ScriptError", "all_scripts", "script"]
 
@@ -43,6 +47,12 @@ class Script:
     source: str
     sha1: str
 
+    def check_key_count(self, keys: Sequence[str]) -> None:
+        """Refuse a call with another number of keys than the script declares, before
+        anything is sent. Raises ``ValueError`` (``"claim takes 4 keys, got 3"``)."""
+        if len(keys) != self.numkeys:
+            raise ValueError(f"{self.name} takes {self.numkeys} keys, got {len(keys)}")
+
 
 def _lua_dir() -> Path:
     packaged = resources.files("claimkit") / "lua"
@@ -55,15 +65,24 @@ def _lua_dir() -> Path:
     raise ScriptError("claimkit's Lua scripts are missing: neither claimkit/lua nor ./lua exists")
 
 
-def _resolve(text: str, folder: Path, seen: tuple[str, ...] = ()) -> str:
+def _resolve(text: str, folder: Path, pasted: set[str], seen: tuple[str, ...] = ()) -> str:
+    """``text`` with each ``-- @include _name`` replaced by that file, itself resolved.
+
+    An include is pasted once per script, where it is first named (an include may name the
+    includes it uses, and a script may name them too): ``pasted`` holds the names already in.
+    """
+
     def paste(match: re.Match[str]) -> str:
         name = match.group("name")
         if name in seen:
             raise ScriptError(f"include cycle through {name}.lua")
+        if name in pasted:
+            return ""
         path = folder / f"{name}.lua"
         if not path.is_file():
             raise ScriptError(f"included file {path} does not exist")
-        return _resolve(path.read_text(encoding="utf-8"), folder, (*seen, name))
+        pasted.add(name)
+        return _resolve(path.read_text(encoding="utf-8"), folder, pasted, (*seen, name))
 
     return _INCLUDE.sub(paste, text)
 
@@ -79,7 +98,7 @@ def all_scripts() -> dict[str, Script]:
         match = _NAME.match(path.name)
         if match is None:
             raise ScriptError(f"{path.name}: a script is named <verb>-<numkeys>.lua")
-        source = _resolve(path.read_text(encoding="utf-8"), folder)
+        source = _resolve(path.read_text(encoding="utf-8"), folder, set())
         sha1 = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
         verb = match.group("verb")
         found[verb] = Script(verb, int(match.group("numkeys")), source, sha1)

@@ -15,12 +15,13 @@ claimkit's guarantees assume ``noeviction`` (docs/operations.md, "Eviction").
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from claimkit.store.interface import Arg, ScriptCall, StoreError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from claimkit.store.interface import Store
     from claimkit.store.scripts import Script
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import ssl
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 from claimkit.store.interface import StoreTlsError
 from claimkit.store.redact import redact_url
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 __all__ = [
     "CLIENT_CERT_HINT",

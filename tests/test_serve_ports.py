@@ -14,15 +14,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import pytest
 import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 pytestmark = pytest.mark.slow
 
@@ -389,7 +391,8 @@ async def test_the_liveness_probe_holds_while_the_metrics_port_is_flooded(
             text=True,
         ) as flooder:  # closes the pipes and waits for it
             try:
-                assert flooder.stdout is not None and flooder.stdin is not None
+                assert flooder.stdout is not None
+                assert flooder.stdin is not None
                 assert await in_thread(flooder.stdout.readline) == "opened\n"
                 answers = await in_thread(probe_all)
                 flooder.stdin.close()  # the flood's signal to stop and say its count

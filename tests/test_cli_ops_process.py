@@ -21,20 +21,22 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from held_gateway import held_gateway
-from redis_state import do, redis
+from support import do, redis, wait_until
 
 from claimkit.producer import Producer
 from claimkit.protocol.models import Envelope, parse_member
 from claimkit.protocol.ops import CHUNK, QueueOps, new_token
-from claimkit.store import Store
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+    from claimkit.store import Store
 
 pytestmark = pytest.mark.slow
 
@@ -42,15 +44,6 @@ T = TypeVar("T")
 Q = "jobs"
 CLAIMKIT = Path(sys.executable).with_name("claimkit")
 START_TIMEOUT = 20.0  # seconds for a child process to come up
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 class Children:
@@ -81,7 +74,7 @@ class Children:
             found[:] = re.findall(r"listening on (http://\S+)", self.output("sim"))
             return bool(found)
 
-        wait_for("the simulator to listen", listening, START_TIMEOUT)
+        wait_until("the simulator to listen", listening, START_TIMEOUT)
         return found[0]
 
     def close(self) -> None:
@@ -182,11 +175,12 @@ def test_inspect_watch_ends_cleanly_on_ctrl_c(redis_url: str, children: Children
         assert proc.poll() is None, children.output("watch", "err")
         return int(found.group(1)) if found else 0
 
-    wait_for("the watcher to redraw twice", lambda: snapshots_taken() >= 2, START_TIMEOUT)
+    wait_until("the watcher to redraw twice", lambda: snapshots_taken() >= 2, START_TIMEOUT)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=20) == 0
     out = children.output("watch")
-    assert f"queue {Q}" in out and "pending 1" in out
+    assert f"queue {Q}" in out
+    assert "pending 1" in out
     assert "Traceback" not in children.output("watch", "err")
 
 
@@ -209,7 +203,8 @@ def test_drain_release_all_under_live_consumers(redis_url: str, children: Childr
         ]
         # Each consumer fills its slots, then waits on the gateway with its claims held.
         arrived = gateway.wait_arrivals(held, START_TIMEOUT)
-        assert set(arrived) <= set(ids) and set(arrived.values()) == {1}
+        assert set(arrived) <= set(ids)
+        assert set(arrived.values()) == {1}
         state = ("ZCARD", Q), ("ZCARD", f"{Q}:claims-idx"), ("HLEN", f"{Q}:claim-owners")
         assert do(redis_url, *state) == [n - held, held, held]
 
@@ -229,7 +224,7 @@ def test_drain_release_all_under_live_consumers(redis_url: str, children: Childr
             )
             return (llen, pending, index) == (n, 0, 0)
 
-        wait_for("every request's record", finished, 90)
+        wait_until("every request's record", finished, 90)
         for proc in consumers:
             proc.send_signal(signal.SIGTERM)
         for proc in consumers:
@@ -258,7 +253,7 @@ def test_reclaim_once_after_every_consumer_was_killed(redis_url: str, children: 
     def all_claimed() -> bool:
         return do(redis_url, ("ZCARD", Q), ("ZCARD", f"{Q}:claims-idx")) == [0, len(live_ids)]
 
-    wait_for("the consumers to claim every request", all_claimed, START_TIMEOUT)
+    wait_until("the consumers to claim every request", all_claimed, START_TIMEOUT)
     for proc in consumers:
         proc.kill()  # SIGKILL: no sweep, the claims stay until their leases lapse
         proc.wait(timeout=10)
@@ -303,7 +298,7 @@ def test_reclaim_once_after_every_consumer_was_killed(redis_url: str, children: 
         lapsed = await store.command("ZCOUNT", f"{Q}:claims-idx", "-inf", repr(t))
         return int(lapsed) == len(expected)
 
-    wait_for("every lease to lapse", lambda: redis(redis_url, all_expired), 30)
+    wait_until("every lease to lapse", lambda: redis(redis_url, all_expired), 30)
     result = run_cli("reclaim", "--once", "--transport-config", transport)
 
     assert result.returncode == 0, result.stderr

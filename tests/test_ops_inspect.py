@@ -7,11 +7,11 @@ claimkit's own writers.
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
+from support import member, server_now
 
 from claimkit.ops import inspect as _inspect
 from claimkit.ops.inspect import (
@@ -23,7 +23,9 @@ from claimkit.ops.inspect import (
     with_scores,
 )
 from claimkit.protocol.ops import new_token
-from claimkit.store import Store
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
 
 Q = "{tenant-a}:requests"
 TOKEN_A = "a" * 32
@@ -48,16 +50,6 @@ READ_ONLY_COMMANDS = {
     "info",
     "config|resetstat",
 }
-
-
-def member(rid: str, deadline: int, **internal: Any) -> bytes:
-    doc = {"internal": internal, "request_kind": "plain", "data": {"id": rid, "deadline": deadline}}
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-async def server_now(store: Store) -> float:
-    sec, usec = await store.command("TIME")
-    return int(sec) + int(usec) / 1_000_000
 
 
 async def seed_claim(
@@ -232,9 +224,11 @@ async def test_held_time_of_a_claimkit_token_is_exact(store: Store) -> None:
             assert (c1.owner, c1.held_exact) == (stamped, True)
             assert c1.held_seconds == snap.server_time - int((now - 42.5) * 1000) / 1000
             assert (c2.held_seconds, c2.held_exact) == (0.0, True)
-            assert c3.held_exact is False and c4.held_exact is False
+            assert c3.held_exact is False
+            assert c4.held_exact is False
             if tracker is None:
-                assert c3.held_seconds is None and c4.held_seconds is None
+                assert c3.held_seconds is None
+                assert c4.held_seconds is None
             else:  # only tokens without a usable claim time need the lower bound
                 assert c3.held_seconds == snap.server_time - seen[("c3", TOKEN_A)]
                 assert c4.held_seconds == snap.server_time - seen[("c4", far)]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from support import zrange
 
 from claimkit.ops.dead import (
     DeadLetter,
@@ -16,8 +17,11 @@ from claimkit.ops.dead import (
     purge_dead,
     requeue_dead,
 )
+from claimkit.protocol.operator import OperatorScripts
 from claimkit.protocol.ops import CHUNK, QueueOps
-from claimkit.store import Store
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
 
 Q = "{t}:jobs"
 DEAD = f"{Q}:dead"
@@ -30,11 +34,6 @@ def member(rid: str | None, deadline: Any, token: str = TOKEN, **extra: Any) -> 
         data["id"] = rid
     doc = {"internal": {"request_token": token}, "request_kind": "plain", "data": data}
     return json.dumps(doc, separators=(",", ":")).encode()
-
-
-async def zset(store: Store, key: str) -> list[tuple[bytes, float]]:
-    reply = await store.command("ZRANGE", key, 0, -1, "WITHSCORES")
-    return [(m, float(s)) for m, s in reply]
 
 
 async def test_list_is_oldest_first_and_reads_what_it_can(store: Store) -> None:
@@ -58,7 +57,7 @@ async def test_list_is_oldest_first_and_reads_what_it_can(store: Store) -> None:
             "member": good.decode(),
             "cannot_requeue": None,
         }
-        assert await zset(store, DEAD) != [], "listing removed nothing"
+        assert await zrange(store, DEAD) != [], "listing removed nothing"
 
 
 async def test_requeue_by_id_restores_bytes_score_and_resets_deliveries(store: Store) -> None:
@@ -74,8 +73,8 @@ async def test_requeue_by_id_restores_bytes_score_and_resets_deliveries(store: S
         assert report.requeued == ["a"]
         assert report.not_found == ["zzz"]
         assert report.refused == []
-        assert await zset(store, Q) == [(a, 1_900_000_123.0)]
-        assert await zset(store, DEAD) == [(b, 2.0)]
+        assert await zrange(store, Q) == [(a, 1_900_000_123.0)]
+        assert await zrange(store, DEAD) == [(b, 2.0)]
         assert await store.command("HGETALL", f"{Q}:deliveries") == {b"b": b"4"}
         assert await store.command("EXISTS", "result-terminal:a") == 0
 
@@ -109,7 +108,7 @@ async def test_requeue_all_generations_of_an_id(store: Store) -> None:
         await store.command("ZADD", DEAD, 1, g1, 2, g2)
         report = await requeue_dead(store, Q, ["a"])
         assert report.requeued == ["a", "a"]
-        assert await zset(store, Q) == [(g1, 1_900_000_001.0), (g2, 1_900_000_002.0)]
+        assert await zrange(store, Q) == [(g1, 1_900_000_001.0), (g2, 1_900_000_002.0)]
 
 
 async def test_a_member_without_a_readable_deadline_stays_dead(store: Store) -> None:
@@ -122,7 +121,7 @@ async def test_a_member_without_a_readable_deadline_stays_dead(store: Store) -> 
         report = await requeue_dead(store, Q)
         assert report.requeued == []
         assert [r.letter.member for r in report.refused] == bad
-        assert [m for m, _ in await zset(store, DEAD)] == bad
+        assert [m for m, _ in await zrange(store, DEAD)] == bad
         assert await store.command("EXISTS", Q) == 0
 
 
@@ -146,19 +145,18 @@ async def test_requeue_all_pages_past_one_chunk_around_stuck_members(store: Stor
 
         assert len(report.requeued) == n - len(stuck)
         assert [r.letter.member for r in report.refused] == stuck
-        assert await zset(store, Q) == expected
-        assert [m for m, _ in await zset(store, DEAD)] == stuck
+        assert await zrange(store, Q) == expected
+        assert [m for m, _ in await zrange(store, DEAD)] == stuck
 
 
 async def test_the_requeue_script_skips_members_no_longer_dead(store: Store) -> None:
-    from claimkit.ops.dead import _requeue
-
+    ops = OperatorScripts(store, Q)
     with trio.fail_after(10):
         raw = member("a", 1_900_000_000)
-        assert await _requeue(store, Q, [raw], keep_marker=False) == [0]
+        assert await ops.requeue_dead([raw], keep_marker=False) == [0]
         await store.command("ZADD", DEAD, 5, raw)
-        assert await _requeue(store, Q, [raw, raw], keep_marker=False) == [1, 0]
-        assert await zset(store, Q) == [(raw, 1_900_000_000.0)]
+        assert await ops.requeue_dead([raw, raw], keep_marker=False) == [1, 0]
+        assert await zrange(store, Q) == [(raw, 1_900_000_000.0)]
 
 
 async def test_a_requeued_poison_request_is_served_again(store: Store) -> None:
@@ -182,7 +180,7 @@ async def test_a_requeued_poison_request_is_served_again(store: Store) -> None:
         report = await requeue_dead(store, Q, ["p"])
 
         assert report.requeued == ["p"]
-        assert await zset(store, Q) == [(raw, float(deadline))]
+        assert await zrange(store, Q) == [(raw, float(deadline))]
         assert await store.command("HEXISTS", f"{Q}:deliveries", "p") == 0
         assert await store.command("EXISTS", "result-terminal:p") == 0
         assert await ops.peek(10) == [raw]
@@ -198,9 +196,9 @@ async def test_purge_by_ids_by_age_and_all(store: Store) -> None:
             "ZADD", DEAD, now - 1000, a, now - 900, a2, now - 500, b, now - 10, c, now, d
         )
         assert await purge_dead(store, Q, ids=["a", "nope"]) == PurgeReport(2, ["nope"])
-        assert [m for m, _ in await zset(store, DEAD)] == [b, c, d]
+        assert [m for m, _ in await zrange(store, DEAD)] == [b, c, d]
         assert await purge_dead(store, Q, older_than=100) == PurgeReport(1)
-        assert [m for m, _ in await zset(store, DEAD)] == [c, d]
+        assert [m for m, _ in await zrange(store, DEAD)] == [c, d]
         assert await purge_dead(store, Q) == PurgeReport(2)
         assert await store.command("EXISTS", DEAD) == 0
         assert await purge_dead(store, Q) == PurgeReport(0)

@@ -20,31 +20,28 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import trio
-from redis_state import do
-from typer.testing import CliRunner, Result
+from support import StoreWrapper, do, invoke, wait_until
 
-from claimkit.cli.app import app
 from claimkit.cli.console import format_duration, format_time
-from claimkit.dev.redis_server import RedisServer
 from claimkit.ops.results import follow_results
 from claimkit.store import Arg, Store, StoreUnavailable
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from typer.testing import Result
+
+    from claimkit.dev.redis_server import RedisServer
+
 T = TypeVar("T")
-runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
 CLAIMKIT = Path(sys.executable).with_name("claimkit")
 TOKEN = "ab" * 16
-
-
-def invoke(args: Sequence[str], url: str) -> Result:
-    return runner.invoke(app, list(args), env={"REDIS_URL": url, "COLUMNS": "200"})
 
 
 def no_traceback(result: Result, code: int = 0) -> None:
@@ -118,9 +115,11 @@ def test_dead_list_survives_odd_deadlines_and_scores(redis_url: str) -> None:
     result = invoke(["dead", "list", "-q", "badq"], redis_url)
     no_traceback(result)
     out = result.stdout
-    assert "huge" in out and "in ∞" in out
+    assert "huge" in out
+    assert "in ∞" in out
     assert "in 1.16e+18d" in out  # a deadline of 1e23, shown relative to the server clock
-    assert "late" in out and "invalid: deadline is missing or invalid" in out
+    assert "late" in out
+    assert "invalid: deadline is missing or invalid" in out
 
 
 def test_inspect_survives_a_huge_or_infinite_pending_score(redis_url: str) -> None:
@@ -187,7 +186,8 @@ def test_dead_list_json_is_strict_and_every_member_exact(redis_url: str) -> None
 
     table = invoke(["dead", "list", "-q", "badq"], redis_url)
     no_traceback(table)
-    assert "café" in table.stdout and "? (unreadable)" in table.stdout
+    assert "café" in table.stdout
+    assert "? (unreadable)" in table.stdout
 
 
 # -- 3. requeue only what the consumer accepts ---------------------------------------------
@@ -249,14 +249,13 @@ def test_purge_reports_named_ids_it_did_not_find(redis_url: str) -> None:
 # -- 5. results --follow: a Redis restart, a lost reply --------------------------------------
 
 
-class LosesReplies:
+class LosesReplies(StoreWrapper):
     """A store whose first ``lose`` ``BLMOVE`` replies are lost after Redis ran the command
     (the connection dies on the way back), as a Redis restart can do."""
 
     def __init__(self, inner: Store, lose: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.lose = lose
-        self.url = inner.url
 
     async def command(self, *args: Arg) -> Any:
         reply = await self.inner.command(*args)
@@ -273,7 +272,7 @@ async def test_follow_never_loses_a_record_whose_reply_was_lost(store: Store) ->
     notes: list[str] = []
     with trio.fail_after(10):
         seen = await follow_results(
-            LosesReplies(store, lose=2),  # type: ignore[arg-type]
+            LosesReplies(store, lose=2),
             "res",
             emit=emitted.append,
             notify=notes.append,
@@ -282,16 +281,16 @@ async def test_follow_never_loses_a_record_whose_reply_was_lost(store: Store) ->
             retry_first=0.01,
         )
     assert (seen, emitted) == (3, records)
-    assert len(notes) == 4 and "unavailable" in notes[0] and "is back" in notes[1]
+    assert len(notes) == 4
+    assert "unavailable" in notes[0]
+    assert "is back" in notes[1]
     assert await store.command("EXISTS", "res", "res:following:test") == 0
 
 
 async def test_cancelled_follow_puts_an_unprinted_record_back(store: Store) -> None:
-    class HangsAfterMove:
-        url = store.url
-
+    class HangsAfterMove(StoreWrapper):
         async def command(self, *args: Arg) -> Any:
-            reply = await store.command(*args)
+            reply = await self.inner.command(*args)
             if args[0] == "BLMOVE" and reply is not None:
                 moved.set()
                 await trio.sleep_forever()  # Ctrl-C while the reply is on its way
@@ -305,7 +304,7 @@ async def test_cancelled_follow_puts_an_unprinted_record_back(store: Store) -> N
 
             async def follow() -> None:
                 await follow_results(
-                    HangsAfterMove(),  # type: ignore[arg-type]
+                    HangsAfterMove(store),
                     "res",
                     emit=emitted.append,
                     notify=lambda _line: None,
@@ -319,14 +318,6 @@ async def test_cancelled_follow_puts_an_unprinted_record_back(store: Store) -> N
     assert emitted == []
     assert await store.command("LRANGE", "res", 0, -1) == [b"new", b"old"]  # old: oldest end
     assert await store.command("EXISTS", "res:following:test") == 0
-
-
-def _wait(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -353,12 +344,12 @@ def test_follow_rides_out_a_redis_restart(
             return out_path.read_text().splitlines()
 
         do(url, ("LPUSH", "res", b'{"id":"before"}'))
-        _wait("the first record", lambda: lines() == ['{"id":"before"}'])
+        wait_until("the first record", lambda: lines() == ['{"id":"before"}'])
         server.kill()
-        _wait("the outage line", lambda: "is unavailable" in err_path.read_text())
+        wait_until("the outage line", lambda: "is unavailable" in err_path.read_text())
         server.restart()
         do(url, ("LPUSH", "res", b'{"id":"after1"}', b'{"id":"after2"}'))
-        _wait("the records after the restart", lambda: len(lines()) == 3)
+        wait_until("the records after the restart", lambda: len(lines()) == 3)
         assert lines() == ['{"id":"before"}', '{"id":"after1"}', '{"id":"after2"}']
         assert "is back" in err_path.read_text()
         proc.send_signal(signal.SIGINT)
@@ -367,9 +358,9 @@ def test_follow_rides_out_a_redis_restart(
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-    err = err_path.read_text()
-    assert "Traceback" not in err
-    assert err.count("is unavailable") == 1, err
+    err_text = err_path.read_text()
+    assert "Traceback" not in err_text
+    assert err_text.count("is unavailable") == 1, err_text
     assert do(url, ("KEYS", "res*"))[0] == []  # nothing left behind, no holding list
 
 
