@@ -4,9 +4,13 @@ queue (docs/configuration.md). :func:`claimkit.config.load_config` builds them."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from claimkit._errors import ConfigError
+from claimkit.protocol.ops import QueueOps
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
 
 __all__ = ["DEFAULT_MAX_DELIVERIES", "MAX_NUMBER", "Config", "QueueConfig", "WrongKeyType"]
 
@@ -84,3 +88,17 @@ class Config:
                 return q
         known = ", ".join(q.queue_name for q in self.queues) or "none"
         raise ConfigError(f"unknown queue {name!r} (configured: {known})")
+
+    def ops_for(self, store: Store, queue: QueueConfig) -> QueueOps:
+        """The protocol operations of ``queue`` on ``store``, with this config's routing,
+        dedup TTL (seconds), lease (seconds) and retry set: what ``serve`` and
+        ``reclaim --once`` both run (docs/protocol.md#claim-protocol)."""
+        return QueueOps(
+            store,
+            queue.queue_name,
+            result_list=queue.result_queue_name,
+            default_result_list=self.result_queue_name,
+            dedup_ttl=self.result_dedup_ttl_seconds,
+            lease_ttl=self.claim_lease_ttl_seconds,
+            retry_set=self.retry_queue_name,
+        )

@@ -47,7 +47,7 @@ from claimkit.consumer.preflight import (
 from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock, until_answered
 from claimkit.consumer.settle import SWEEP_TIMEOUT_SECONDS, Settler
 from claimkit.consumer.upkeep import Upkeep
-from claimkit.protocol.ops import QueueOps, QueueProtocol, ReleaseCode
+from claimkit.protocol.ops import QueueProtocol, ReleaseCode
 from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -140,15 +140,7 @@ class Consumer:
         self._own_http = http_client is None and handler is None
 
         def real_ops(q: QueueConfig) -> QueueProtocol:
-            return QueueOps(
-                store,
-                q.queue_name,
-                result_list=q.result_queue_name,
-                default_result_list=config.result_queue_name,
-                dedup_ttl=config.result_dedup_ttl_seconds,
-                lease_ttl=config.claim_lease_ttl_seconds,
-                retry_set=config.retry_queue_name,
-            )
+            return config.ops_for(store, q)
 
         make_ops = ops_factory or real_ops
         self.queues = [self._queue(q, make_ops(q), store) for q in config.queues]

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from claimkit.ops.inspect import check_key_types, queue_key_types
-from claimkit.protocol.ops import QueueOps, ReclaimCounts
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from claimkit.config import Config
+    from claimkit.protocol.ops import ReclaimCounts
     from claimkit.store import Store
 
 __all__ = ["reclaim_all", "reclaim_json"]
@@ -35,14 +35,7 @@ async def reclaim_all(store: Store, config: Config) -> dict[str, ReclaimCounts]:
     await check_key_types(store, types)
     out: dict[str, ReclaimCounts] = {}
     for q in config.queues:
-        ops = QueueOps(
-            store,
-            q.queue_name,
-            result_list=q.result_queue_name,
-            default_result_list=config.result_queue_name,
-            dedup_ttl=config.result_dedup_ttl_seconds,
-            lease_ttl=config.claim_lease_ttl_seconds,
-        )
+        ops = config.ops_for(store, q)
         out[q.queue_name] = await ops.reclaim(config.max_deliveries, full_scan=True)
     return out
 
