@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -22,6 +21,9 @@ from claimkit.dev.sim import SimConfig, serve_sim
 from claimkit.producer import Producer
 from claimkit.protocol.models import Envelope, TerminalRecord
 from claimkit.store import Store, open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 Q = "requests"
 

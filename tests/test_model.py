@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 from fake_ops import FakeServer
@@ -49,7 +48,11 @@ from claimkit.protocol.models import (
     retry_member,
 )
 from claimkit.protocol.ops import AckItem, QueueOps
-from claimkit.store import Store
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from claimkit.store import Store
 
 T = TypeVar("T")
 
