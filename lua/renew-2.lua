@@ -16,9 +16,10 @@
       id, token (the caller's ownership token), deadline (Unix seconds)
 
   Output: { server_now (string, Unix seconds), code_1, ..., code_n } where code is
-    1 renewed (the lease rule of lua/_lease.lua, as a claim taken now: expiry =
-    min(now + ttl, deadline + 30), never less than now + min(ttl, 30)), 0 gone (acked,
-    released or reclaimed), -1 taken by another token.
+    1 renewed (lua/_lease.lua: the lease becomes lease_bound = min(now + ttl,
+    deadline + 30), and is never shortened, ZADD GT: a claim whose deadline passed keeps
+    the floor its claim granted, then lapses), 0 gone (acked, released or reclaimed),
+    -1 taken by another token.
 ]]
 -- @include _server-now
 -- @include _guard-keys
@@ -47,7 +48,7 @@ for first = 0, n - 1, STEP do
     local owner = owners[k]
     local code = 0
     if owner == ARGV[3 + 3 * j] then
-      leases[#leases + 1] = lease_expiry(now, lease_ttl, tonumber(ARGV[4 + 3 * j]))
+      leases[#leases + 1] = lease_bound(now, lease_ttl, tonumber(ARGV[4 + 3 * j]))
       leases[#leases + 1] = ids[k]
       code = 1
     elseif owner then
@@ -56,7 +57,7 @@ for first = 0, n - 1, STEP do
     out[#out + 1] = code
   end
   if #leases > 0 then
-    redis.call('ZADD', KEYS[2], unpack(leases))
+    redis.call('ZADD', KEYS[2], 'GT', unpack(leases))
   end
 end
 return out

@@ -52,11 +52,16 @@ GRACE = 30.0
 # -- the lease rule (docs/protocol.md#claim, docs/protocol.md#heartbeat) ----------------------
 
 
+def lease_bound(now: float, lease_ttl: float, deadline: float) -> float:
+    """How far a lease may reach at ``now`` (``lua/_lease.lua``): ``min(now + ttl,
+    deadline + 30)``. A heartbeat renews to it and never shortens a lease."""
+    return min(now + lease_ttl, deadline + GRACE)
+
+
 def lease_expiry(now: float, lease_ttl: float, deadline: float) -> float:
-    """The expiry of a lease taken or renewed at ``now`` (``lua/_lease.lua``, the one rule
-    of claim and heartbeat): ``min(now + ttl, deadline + 30)``, never earlier than
-    ``now + min(ttl, 30)``."""
-    return max(min(now + lease_ttl, deadline + GRACE), now + min(lease_ttl, GRACE))
+    """The expiry of a lease granted at ``now`` (a claim taken; ``lua/_lease.lua``):
+    :func:`lease_bound`, never earlier than ``now + min(ttl, 30)``."""
+    return max(lease_bound(now, lease_ttl, deadline), now + min(lease_ttl, GRACE))
 
 
 # -- the server ------------------------------------------------------------------------------
@@ -348,7 +353,7 @@ class FakeQueueOps:
             elif claim.token != token:
                 codes.append(RenewCode.TAKEN)
             else:
-                claim.expiry = lease_expiry(now, lease_ttl, deadline)
+                claim.expiry = max(claim.expiry, lease_bound(now, lease_ttl, deadline))
                 codes.append(RenewCode.RENEWED)
         return now, codes
 

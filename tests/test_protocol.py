@@ -516,22 +516,27 @@ async def test_renew_is_capped_at_deadline_plus_30(store: Store) -> None:
         assert (await snapshot(store))[K.index] == [(b"soon", now + 35)]
 
 
-async def test_renew_of_a_passed_deadline_gets_the_claim_floor(store: Store) -> None:
-    """One lease rule (lua/_lease.lua) for claim and renew: deadline + 30 is already past,
-    so the renewed lease is server_now + min(ttl, 30), as a claim taken now would get; it
-    no longer lapses at once while its DEADLINE_EXCEEDED ack is on its way."""
+async def test_renew_of_a_passed_deadline_keeps_the_claim_floor_and_no_more(store: Store) -> None:
+    """One lease rule (lua/_lease.lua): the claim of a request whose deadline + 30 already
+    passed gets the floor server_now + min(ttl, 30), so its DEADLINE_EXCEEDED ack cannot be
+    overtaken by a reclaimer; a heartbeat neither shortens that lease nor carries it past
+    the floor, so a worker stuck past its deadline loses the claim when the floor lapses."""
     with trio.fail_after(10):
         ops = QueueOps(store, Q)
         now = int(await server_now(store))
         raw = member("late", now - 100)
         await zadd(store, Q, [(now - 100, raw)])
-        _, _, (token,) = await claim_all(ops, [raw], ttl=300)
-        snow, codes = await ops.renew([("late", token, now - 100)], 300)
+        cnow, _, (token,) = await claim_all(ops, [raw], ttl=300)
+        floor = (await snapshot(store))[K.index]
+        assert floor == [(b"late", pytest.approx(cnow + 30, abs=1e-5))]
+        _, codes = await ops.renew([("late", token, now - 100)], 300)
         assert codes == [RenewCode.RENEWED]
-        assert (await snapshot(store))[K.index] == [(b"late", pytest.approx(snow + 30, abs=1e-5))]
-        snow, codes = await ops.renew([("late", token, now - 100)], 5)
+        assert (await snapshot(store))[K.index] == floor  # not shortened, not extended
+        # The floor has lapsed (as if 31 s later): a renewal does not bring it back.
+        await store.command("ZADD", K.index, now - 5, "late")
+        _, codes = await ops.renew([("late", token, now - 100)], 300)
         assert codes == [RenewCode.RENEWED]
-        assert (await snapshot(store))[K.index] == [(b"late", pytest.approx(snow + 5, abs=1e-5))]
+        assert (await snapshot(store))[K.index] == [(b"late", float(now - 5))]
 
 
 # -- §3.4 ack --------------------------------------------------------------------------------
