@@ -378,13 +378,13 @@ class FakeQueueOps:
         return False, False
 
     async def park(
-        self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
+        self, items: Sequence[tuple[str, str, float, bytes]]
     ) -> tuple[float, list[ParkCode]]:
         if not items:
             return 0.0, []
         now = await self._enter("park", [rid for rid, *_ in items])
         codes: list[ParkCode] = []
-        retry = self.server.retry.setdefault(retry_set, {})
+        retry = self.server.retry.setdefault(self.retry_set, {})
         for rid, token, delay, member in items:
             claim = self.q.claims.get(rid)
             if claim is None or claim.token != token:

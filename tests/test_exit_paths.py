@@ -208,7 +208,7 @@ async def test_retryable_failure_is_parked_then_moved_back(store: Store) -> None
         _, _, (token,) = await claim(ops, [env])
 
         retry = retry_member(env.raw, Q)
-        server, codes = await ops.park([("r:1", token, 2.5, retry)], RETRY)
+        server, codes = await ops.park([("r:1", token, 2.5, retry)])
         assert codes == [1]
         # The retry set is its only home: no claim, nothing pending.
         assert await snapshot(store) == {RETRY: [(retry, approx(server + 2.5, abs=1e-5))]}

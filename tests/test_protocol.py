@@ -675,7 +675,7 @@ async def test_late_ack_of_a_request_parked_by_its_new_owner_is_suppressed(store
         await ops.reclaim(max_deliveries=10)
         _, _, (tok_b,) = await claim_all(ops, [raw])
         retry = retry_member(raw, Q)
-        server, codes = await ops.park([("r", tok_b, 30.0, retry)], RETRY)
+        server, codes = await ops.park([("r", tok_b, 30.0, retry)])
         assert codes == [1]
         parked = {
             RETRY: [(retry, approx(server + 30, abs=1e-5))],
@@ -741,7 +741,7 @@ async def test_park_moves_the_claim_to_the_retry_set(store: Store) -> None:
         await store.command("HSET", K.deliveries, "p:1", 1)
         retry = retry_member(raw, Q)
 
-        server, codes = await ops.park([("p:1", token, 7.5, retry)], RETRY)
+        server, codes = await ops.park([("p:1", token, 7.5, retry)])
         assert codes == [1]
         assert await snapshot(store) == {
             RETRY: [(retry, approx(server + 7.5, abs=1e-5))],
@@ -768,9 +768,7 @@ async def test_park_is_fenced(store: Store) -> None:
         await claim_all(ops, [raw])
         before = await snapshot(store)
         retry = retry_member(raw, Q)
-        _, codes = await ops.park(
-            [("p", TOKEN_B, 1.0, retry), ("gone", TOKEN_B, 1.0, retry)], RETRY
-        )
+        _, codes = await ops.park([("p", TOKEN_B, 1.0, retry), ("gone", TOKEN_B, 1.0, retry)])
         assert codes == [0, 0]
         assert await snapshot(store) == before
 

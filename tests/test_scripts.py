@@ -424,7 +424,7 @@ async def test_queue_ops_pass_the_documented_keys(store: Store) -> None:
         _, codes = await ops.claim([(env, "t1")], 60)
         assert codes == [1]
         await ops.renew([("a", "t1", deadline)], 60)
-        await ops.park([("a", "t1", 1.0, raw)], RETRY)
+        await ops.park([("a", "t1", 1.0, raw)])
         await ops.release([("a", "t1", None)])
         record = TerminalRecord.error("a", "CANCELLED", "cancelled").to_json()
         await ops.ack([AckItem("a", "t1", "", "result-list", record, raw)])

@@ -155,7 +155,6 @@ class Consumer:
         )
         self._settler = Settler(
             batch_size=config.batch_size,
-            retry_set=config.retry_queue_name,
             health=self._health,
             clock=self.clock,
             on_settled=on_settled,

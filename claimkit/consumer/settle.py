@@ -63,7 +63,6 @@ class Settler:
     Args:
         batch_size: ``batch_size`` of the config: the acker lingers up to
             :data:`ACK_LINGER_SECONDS` for that many jobs.
-        retry_set: ``retry_queue_name``.
         health: notes answers, and stops the consumer on a fatal refusal.
         clock: takes the server time a park returns.
         on_settled: see ``Consumer``.
@@ -73,13 +72,11 @@ class Settler:
         self,
         *,
         batch_size: int,
-        retry_set: str,
         health: RedisHealth,
         clock: ServerClock,
         on_settled: OnSettled | None,
     ) -> None:
         self._batch_size = batch_size
-        self._retry_set = retry_set
         self._health = health
         self._clock = clock
         self._on_settled = on_settled
@@ -208,9 +205,7 @@ class Settler:
             )
             for j in jobs
         ]
-        server_now, codes = await until_answered(
-            f"park {q.name}", partial(q.ops.park, items, self._retry_set)
-        )
+        server_now, codes = await until_answered(f"park {q.name}", partial(q.ops.park, items))
         self._clock.observe(server_now)
         for job, code in zip(jobs, codes, strict=True):
             job.owned = code == 1

@@ -291,9 +291,10 @@ class QueueOps:
     # -- park (docs/protocol.md#park-for-retry) ------------------------------------------------
 
     async def park(
-        self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
+        self, items: Sequence[tuple[str, str, float, bytes]]
     ) -> tuple[float, list[ParkCode]]:
-        """Move ``(id, token, delay_seconds, retry_member)`` claims to the retry set, fenced.
+        """Move ``(id, token, delay_seconds, retry_member)`` claims to :attr:`retry_set`,
+        fenced; the retry mover (:meth:`move_retries`) reads the same set.
         Returns ``(server_now, codes)``: one :class:`ParkCode` per item."""
         now = 0.0
         codes: list[ParkCode] = []
@@ -303,7 +304,7 @@ class QueueOps:
             for rid, token, delay, member in chunk:
                 args += [rid, token, repr(float(delay)), member]
             reply = await self.store.run(
-                script("park"), [k.claimed, k.owners, k.index, retry_set], args
+                script("park"), [k.claimed, k.owners, k.index, self.retry_set], args
             )
             now = float(reply[0])
             codes += [ParkCode(_int(v)) for v in reply[1:]]
@@ -458,7 +459,7 @@ class QueueProtocol(Protocol):
     async def ack(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]: ...
 
     async def park(
-        self, items: Sequence[tuple[str, str, float, bytes]], retry_set: str
+        self, items: Sequence[tuple[str, str, float, bytes]]
     ) -> tuple[float, list[ParkCode]]: ...
 
     async def release(
