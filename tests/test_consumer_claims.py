@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 import pytest
 import trio
 from support import make_config
 
+from claimkit.config import ConfigError
 from claimkit.consumer.claims import HeldClaims, Summary
+from claimkit.consumer.consumer import Consumer
 from claimkit.consumer.metrics import Metrics
 from claimkit.consumer.runtime import ServerClock
 from claimkit.protocol.models import Envelope, TerminalRecord, parse_member
@@ -118,3 +121,9 @@ async def test_the_consumer_s_other_calls_go_through_queue_ops(store: Store) -> 
     await store.command("RPUSH", "rl", b"x")
     assert await ops.first_wrong_type({"rl": "list", "nope": "hash"}) is None
     assert await ops.first_wrong_type({Q: "zset", "rl": "zset"}) == ("rl", "list", "zset")
+
+
+def test_a_consumer_without_queues_is_a_config_error() -> None:
+    config = replace(make_config("redis://127.0.0.1:9/0"), queues=())
+    with pytest.raises(ConfigError, match=r"^queues must list at least one queue$"):
+        Consumer(config, cast("Store", None))

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from claimkit.config import ConfigError
 from claimkit.consumer.claims import HeldClaims, Summary
 from claimkit.consumer.dispatch import Outcome, Target, dispatch, open_http_client
 from claimkit.consumer.gates import make_gate
@@ -113,9 +114,14 @@ class Consumer:
             first queue's), except a ``redis`` gate, which reads its budget key on ``store``.
             A fake must provide what :class:`~claimkit.protocol.ops.QueueProtocol` lists.
 
+    Raises:
+        ConfigError: ``config.queues`` is empty (``load_config`` refuses that too).
+        ValueError: a queue's ``gate_params`` are unusable (one line).
+
     Timing (heartbeat cadence, drain grace, hurry, acker linger, reclaim and retry-mover
     cadence, backlog sampling) runs on trio's clock, and so does :meth:`now` between script
     replies (:class:`ServerClock`): a test may run the consumer under ``autojump_clock``.
+    :meth:`now` is therefore called from inside a trio run only.
     """
 
     def __init__(
@@ -130,6 +136,8 @@ class Consumer:
         on_settled: Callable[[Envelope, TerminalRecord | None], None] | None = None,
         ops_factory: OpsFactory | None = None,
     ) -> None:
+        if not config.queues:
+            raise ConfigError("queues must list at least one queue")
         self.config = config
         self.store = store
         self.metrics = metrics or Metrics()
