@@ -27,6 +27,7 @@ from __future__ import annotations
 from claimkit.config import Config as Config
 from claimkit.config import ConfigError as ConfigError
 from claimkit.config import QueueConfig as QueueConfig
+from claimkit.config import WrongKeyType as WrongKeyType
 from claimkit.config import load_config as load_config
 from claimkit.consumer.claims import Summary as Summary
 from claimkit.consumer.consumer import Consumer as Consumer
@@ -96,6 +97,7 @@ __all__ = [
     "StoreUnavailable",
     "Summary",
     "TerminalRecord",
+    "WrongKeyType",
     "load_config",
     "open_store",
     "parse_member",

@@ -15,6 +15,7 @@ from claimkit.protocol.models import (
     deadline_passed,
     parse_member,
 )
+from claimkit.protocol.store_calls import read_results
 
 if TYPE_CHECKING:
     from claimkit.store import Arg, Store
@@ -205,7 +206,7 @@ class Producer:
         )
         now = _server_now(now_reply)
         kind = _text(kind)
-        if kind not in ("zset", "none"):
+        if kind not in (_keys.PENDING_TYPE, "none"):
             # Checked first: MULTI/EXEC does not roll back, so a failing ZADD would leave the
             # request-active marker of a request that was never queued.
             raise SubmitError(f"queue key {self.queue!r} holds a {kind}, not a sorted set")
@@ -293,11 +294,7 @@ class Producer:
         Cancellation: with ``pop=True``, a call cancelled after Redis ran the ``RPOP``
         loses what it popped, as a lost reply does; a read without ``pop`` loses nothing.
         """
-        if pop:
-            raw = await self.store.command("RPOP", self.result_list, count) or []
-        else:
-            raw = await self.store.command("LRANGE", self.result_list, -count, -1)
-            raw = list(reversed(raw))
+        raw = await read_results(self.store, self.result_list, count=count, pop=pop)
         return [_record_or_raw(r) for r in raw]
 
 

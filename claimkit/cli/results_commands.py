@@ -16,6 +16,7 @@ from claimkit.cli.common import (
     usage_error,
 )
 from claimkit.cli.runner import until_sigint, with_store, with_store_until_stopped
+from claimkit.protocol.keys import RESULT_LIST_TYPE
 
 if TYPE_CHECKING:
     from claimkit.store import Store
@@ -153,9 +154,9 @@ def results(
         )
 
     if follow:
-        with_store_until_stopped(config, follow_list, key_types={name: "list"})
+        with_store_until_stopped(config, follow_list, key_types={name: RESULT_LIST_TYPE})
         return
-    if with_store(config, read, key_types={name: "list"}) == 0:
+    if with_store(config, read, key_types={name: RESULT_LIST_TYPE}) == 0:
         typer.echo(f"claimkit results: {name} is empty", err=True)
 
 

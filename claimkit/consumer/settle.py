@@ -15,7 +15,7 @@ import trio
 
 from claimkit.consumer.runtime import until_answered
 from claimkit.protocol.models import retry_member
-from claimkit.protocol.ops import AckItem
+from claimkit.protocol.ops import AckItem, ParkCode
 from claimkit.store import StoreError
 
 if TYPE_CHECKING:
@@ -208,7 +208,7 @@ class Settler:
         server_now, codes = await until_answered(f"park {q.name}", partial(q.ops.park, items))
         self._clock.observe(server_now)
         for job, code in zip(jobs, codes, strict=True):
-            job.owned = code == 1
-            q.claims.parked(job.claim, moved=code == 1)
+            job.owned = code == ParkCode.PARKED
+            q.claims.parked(job.claim, moved=job.owned)
             if self._on_settled is not None:
                 self._on_settled(job.claim.env, None)

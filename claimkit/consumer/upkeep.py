@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from claimkit.protocol.ops import orphans_message
+from claimkit.protocol.ops import RenewCode, orphans_message
 from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -80,9 +80,9 @@ class Upkeep:
         self._health.answered()
         self._clock.observe(server_now)
         for claim, code in zip(held, codes, strict=True):
-            if code == 1 or not q.claims.holds(claim):
+            if code == RenewCode.RENEWED or not q.claims.holds(claim):
                 continue
-            if code == -1:
+            if code == RenewCode.TAKEN:
                 q.claims.drop_taken_over(claim)
             else:
                 q.claims.drop_released_elsewhere(claim)

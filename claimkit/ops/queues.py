@@ -51,8 +51,8 @@ class OperatorQueue:
         """The Redis type every key the operator commands read must hold, by key name."""
         # The queue's own keys win a name clash: `inspect -q result-list` must say that the
         # key is a list, not a sorted set, rather than check it as the result list.
-        types = {self.config.retry_queue_name: "zset"}
-        types.update({name: "list" for name in self.result_lists})
+        types = {self.config.retry_queue_name: _keys.RETRY_SET_TYPE}
+        types.update({name: _keys.RESULT_LIST_TYPE for name in self.result_lists})
         types.update(queue_key_types(self.queue))
         return types
 

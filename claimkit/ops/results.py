@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from claimkit.protocol import keys as _keys
+from claimkit.protocol.store_calls import read_results as read_results
 from claimkit.store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -38,24 +39,6 @@ further retry waits twice as long, up to :data:`FOLLOW_RETRY_MAX`."""
 
 FOLLOW_RETRY_MAX = 5.0
 """The longest wait between two retries of ``results --follow`` while Redis is away."""
-
-
-async def read_results(store: Store, name: str, *, count: int, pop: bool) -> list[bytes]:
-    """The oldest ``count`` records of the list ``name``, oldest first.
-
-    With ``pop`` they are removed (``RPOP``: a producer reading this way gets each record
-    once); without it they stay (``LRANGE``). An empty or missing list gives ``[]``.
-
-    Raises:
-        StoreError: a ``WRONGTYPE`` reply, or any other Redis error;
-            :class:`StoreUnavailable` when Redis cannot be reached.
-
-    Cancellation: one round trip; a cancelled ``RPOP`` whose reply was lost has removed
-    its records (use :func:`follow_results` where that matters).
-    """
-    if pop:
-        return list(await store.command("RPOP", name, count) or [])
-    return list(reversed(await store.command("LRANGE", name, -count, -1)))
 
 
 async def follow_results(

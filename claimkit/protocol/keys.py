@@ -18,6 +18,9 @@ RESULT_TERMINAL_PREFIX = "result-terminal:"
 REQUEST_ACTIVE_PREFIX = "request-active:"
 REQUEST_CANCEL_PREFIX = "request-cancel:"
 
+PENDING_TYPE = "zset"
+"""The Redis ``TYPE`` of a queue key ``<q>``, the pending set (docs/protocol.md#keys)."""
+
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
@@ -40,7 +43,7 @@ class QueueKeys:
     dead: str
 
     TYPES: ClassVar[tuple[tuple[str, str, str], ...]] = (
-        ("pending", "zset", "queue key"),
+        ("pending", PENDING_TYPE, "queue key"),
         ("claimed", "hash", "claimed hash"),
         ("owners", "hash", "claim-owners hash"),
         ("index", "zset", "claims index"),

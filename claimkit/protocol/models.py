@@ -312,14 +312,15 @@ def retry_member(raw: bytes, queue: str, last: TerminalRecord | None = None) -> 
 def retry_queue_name(member: bytes) -> str | None:
     """The queue a retry-set member goes back to (its ``internal.request_queue_name``, set
     by :func:`retry_member`; ``lua/move-retries-2.lua`` reads the same field), or ``None``
-    when the member is not JSON or names none. Never raises."""
+    when the member is not JSON or names none (``""`` names none, as in the Lua). Never
+    raises."""
     try:
         doc = json.loads(member)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     internal = doc.get("internal") if isinstance(doc, dict) else None
     queue = internal.get("request_queue_name") if isinstance(internal, dict) else None
-    return queue if isinstance(queue, str) else None
+    return queue if isinstance(queue, str) and queue else None
 
 
 @dataclass(frozen=True, slots=True)
