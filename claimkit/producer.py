@@ -90,7 +90,9 @@ class Producer:
         result_list: the list :meth:`results` reads (default ``result-list``).
     """
 
-    def __init__(self, store: Store, queue: str, *, result_list: str = "result-list") -> None:
+    def __init__(
+        self, store: Store, queue: str, *, result_list: str = _keys.DEFAULT_RESULT_LIST
+    ) -> None:
         self.store = store
         self.queue = queue
         self.result_list = result_list

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from claimkit._errors import ConfigError
+from claimkit.protocol import keys as _keys
 from claimkit.protocol.ops import QueueOps
 
 if TYPE_CHECKING:
@@ -56,13 +57,13 @@ class Config:
 
     url: str
     queues: tuple[QueueConfig, ...]
-    result_queue_name: str = "result-list"
-    retry_queue_name: str = "retry-sortedset"
+    result_queue_name: str = _keys.DEFAULT_RESULT_LIST
+    retry_queue_name: str = _keys.DEFAULT_RETRY_SET
     poll_interval_ms: int = 1000
     batch_size: int = 10
-    claim_lease_ttl_seconds: float = 300.0
+    claim_lease_ttl_seconds: float = _keys.DEFAULT_LEASE_TTL_SECONDS
     claim_reclaim_interval_ms: int = 15000
-    result_dedup_ttl_seconds: int = 21600
+    result_dedup_ttl_seconds: int = _keys.DEFAULT_DEDUP_TTL_SECONDS
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     concurrency: int = 64
     request_timeout_seconds: float = 300.0

@@ -23,6 +23,7 @@ from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 from claimkit._errors import ConfigError
 from claimkit.config.gate_params import GATE_TYPES, check_gate_address, check_gate_params
 from claimkit.config.model import DEFAULT_MAX_DELIVERIES, MAX_NUMBER, Config, QueueConfig
+from claimkit.protocol import keys as _keys
 from claimkit.store.urls import check_url
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ _NUMERIC: dict[str, tuple[type, float]] = {
     "batch_size": (int, 10),
     "claim_lease_ttl_seconds": (float, 300.0),
     "claim_reclaim_interval_ms": (int, 15000),
-    "result_dedup_ttl_seconds": (int, 21600),
+    "result_dedup_ttl_seconds": (int, _keys.DEFAULT_DEDUP_TTL_SECONDS),
     "max_deliveries": (int, DEFAULT_MAX_DELIVERIES),
     "concurrency": (int, 64),
     "request_timeout_seconds": (float, 300.0),

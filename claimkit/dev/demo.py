@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 __all__ = ["run_demo"]
 
 QUEUE = "demo-requests"
-RETRY_SET = "retry-sortedset"  # the default retry_queue_name (docs/configuration.md)
+RETRY_SET = _keys.DEFAULT_RETRY_SET  # the default retry_queue_name (docs/configuration.md)
 SIM_LATENCY = "0.2,0.6"  # seconds per answer, uniform: claims stay held a while
 LEASE_SECONDS = 3.0  # short, so A's orphaned claims come back within seconds
 RECLAIM_INTERVAL_MS = 500

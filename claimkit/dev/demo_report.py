@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from rich.table import Table
 from rich.text import Text
 
+from claimkit.protocol import keys as _keys
+
 __all__ = ["LEFT", "RESULTS", "Report", "parse_summary", "summary_table", "verdict"]
 
-RESULTS = "result-list"  # the default result_queue_name (docs/configuration.md)
+RESULTS = _keys.DEFAULT_RESULT_LIST  # the default result_queue_name (docs/configuration.md)
 LEFT = ("pending", "claimed", "retrying", "dead")
 _SUMMARY = re.compile(r"claimkit: claimed=.*")
 

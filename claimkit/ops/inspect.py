@@ -266,8 +266,8 @@ async def snapshot(
     store: Store,
     queue: str,
     *,
-    result_lists: Sequence[str] = ("result-list",),
-    retry_set: str = "retry-sortedset",
+    result_lists: Sequence[str] = (_keys.DEFAULT_RESULT_LIST,),
+    retry_set: str = _keys.DEFAULT_RETRY_SET,
     limit: int = 50,
     first_seen: MutableMapping[tuple[str, str], float] | None = None,
 ) -> QueueSnapshot:

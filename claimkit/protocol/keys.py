@@ -18,6 +18,15 @@ RESULT_TERMINAL_PREFIX = "result-terminal:"
 REQUEST_ACTIVE_PREFIX = "request-active:"
 REQUEST_CANCEL_PREFIX = "request-cancel:"
 
+DEFAULT_RESULT_LIST = "result-list"
+"""The default global ``result_queue_name`` (docs/configuration.md)."""
+DEFAULT_RETRY_SET = "retry-sortedset"
+"""The default ``retry_queue_name``, the retry set every queue shares (docs/configuration.md)."""
+DEFAULT_DEDUP_TTL_SECONDS = 21600
+"""The default ``result_dedup_ttl_seconds``: 6 hours (docs/protocol.md#ack)."""
+DEFAULT_LEASE_TTL_SECONDS = 300.0
+"""The default ``claim_lease_ttl_seconds`` (docs/protocol.md#claim)."""
+
 PENDING_TYPE = "zset"
 """The Redis ``TYPE`` of a queue key ``<q>``, the pending set (docs/protocol.md#keys)."""
 

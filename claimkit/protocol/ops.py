@@ -136,10 +136,10 @@ class QueueOps:
         queue: str,
         *,
         result_list: str | None = None,
-        default_result_list: str = "result-list",
-        dedup_ttl: int = 21600,
-        lease_ttl: float = 300.0,
-        retry_set: str = "retry-sortedset",
+        default_result_list: str = _keys.DEFAULT_RESULT_LIST,
+        dedup_ttl: int = _keys.DEFAULT_DEDUP_TTL_SECONDS,
+        lease_ttl: float = _keys.DEFAULT_LEASE_TTL_SECONDS,
+        retry_set: str = _keys.DEFAULT_RETRY_SET,
     ) -> None:
         self.store = store
         self.retry_set = retry_set

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from claimkit.protocol import keys as _keys
+
 __all__ = ["ResultRouting"]
 
 
@@ -27,7 +29,7 @@ class ResultRouting:
     """
 
     queue_list: str | None = None
-    default_list: str = "result-list"
+    default_list: str = _keys.DEFAULT_RESULT_LIST
 
     def __post_init__(self) -> None:
         if not self.queue_list:
