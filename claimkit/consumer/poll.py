@@ -28,6 +28,7 @@ from claimkit.protocol.models import (
     parse_member,
 )
 from claimkit.protocol.ops import ClaimCode, new_token
+from claimkit.protocol.routing import reserved_destination
 from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -236,11 +237,11 @@ class Poller:
         request is dead-lettered; its record, and that of an invalid member naming such a
         key, goes to the queue's or the global list."""
         name = q.ops.routing.member_list(parsed.result_queue_name)
-        if name is None or not _keys.is_reserved(name, self._reserved):
+        reason = reserved_destination(name, self._reserved)
+        if reason is None:
             return parsed
         if isinstance(parsed, Invalid):
             return replace(parsed, result_queue_name=None)
-        reason = f"Failed: internal.result_queue_name names a key claimkit uses: {name!r}"
         return Invalid(parsed.raw, reason, parsed.id, parsed.request_token)
 
     # -- workers -----------------------------------------------------------------------------

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from claimkit.ops.inspect import json_float, with_scores
 from claimkit.protocol import keys as _keys
-from claimkit.protocol.models import Invalid, max_deliveries_message, parse_member
+from claimkit.protocol.models import Invalid, max_deliveries_message, parse_member, utf8_text
 from claimkit.protocol.operator import OperatorScripts
 from claimkit.protocol.ops import CHUNK, RequeueCode
+from claimkit.protocol.routing import reserved_destination
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -96,7 +97,7 @@ class DeadLetter:
         data = doc.get("data") if isinstance(doc, dict) else None
         if isinstance(data, dict):
             value = data.get("id")
-            rid = value if isinstance(value, str) and value and _utf8_ok(value) else None
+            rid = utf8_text(value) or None
             dl = data.get("deadline")
             if isinstance(dl, int | float) and not isinstance(dl, bool):
                 try:
@@ -140,10 +141,10 @@ class DeadLetter:
         parsed = parse_member(self.member)
         if isinstance(parsed, Invalid):
             return DeathCause(CAUSE_INVALID, parsed.reason)
-        name = parsed.result_queue_name
-        if name and not result_list_configured and _keys.is_reserved(name, reserved):
-            reason = f"Failed: internal.result_queue_name names a key claimkit uses: {name!r}"
-            return DeathCause(CAUSE_INVALID, reason)
+        decides = None if result_list_configured else parsed.result_queue_name or None
+        misrouted = reserved_destination(decides, reserved)
+        if misrouted is not None:
+            return DeathCause(CAUSE_INVALID, misrouted)
         if max_deliveries is None:  # no config given: no number that may not have happened
             reason = (
                 "lease expired max_deliveries times without an ack (give the consumer's "
@@ -185,15 +186,6 @@ class DeadLetter:
         if self.id is not None:
             return self.id
         return f"? (no readable id, dead_at={self.dead_at!r}, {len(self.member)} bytes)"
-
-
-def _utf8_ok(text: str) -> bool:
-    """Whether ``text`` can be written as UTF-8 (JSON may escape a lone surrogate)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, slots=True)

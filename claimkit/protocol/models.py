@@ -34,6 +34,7 @@ __all__ = [
     "parse_member",
     "retry_member",
     "retry_queue_name",
+    "utf8_text",
 ]
 
 DEADLINE_INVALID_MESSAGE = "Failed: deadline is missing or invalid (Unix seconds)."
@@ -207,13 +208,13 @@ def _salvage(raw: bytes) -> tuple[str | None, str, str | None]:
         return None, "", None
     data = doc.get("data")
     internal = doc.get("internal")
-    rid = _utf8(data.get("id")) if isinstance(data, dict) else None
-    token = _utf8(internal.get("request_token")) if isinstance(internal, dict) else None
-    rq = _utf8(internal.get("result_queue_name")) if isinstance(internal, dict) else None
+    rid = utf8_text(data.get("id")) if isinstance(data, dict) else None
+    token = utf8_text(internal.get("request_token")) if isinstance(internal, dict) else None
+    rq = utf8_text(internal.get("result_queue_name")) if isinstance(internal, dict) else None
     return rid or None, token or "", rq or None
 
 
-def _utf8(value: object) -> str | None:
+def utf8_text(value: object) -> str | None:
     """``value`` if it is a string that can be written as UTF-8, else ``None``. JSON text may
     escape a lone surrogate (``"\\ud800"``), which ``json.loads`` accepts; no Redis key or
     record can carry it (writing one raised and took the whole consumer down)."""
@@ -282,7 +283,7 @@ def _last_response(request_id: str, carried: object) -> TerminalRecord | None:
     status, payload = carried.get("status_code"), carried.get("payload")
     if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
         return None
-    if not isinstance(payload, str) or _utf8(payload) is None:
+    if not isinstance(payload, str) or utf8_text(payload) is None:
         return None
     return TerminalRecord.http(request_id, status, payload)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from claimkit.protocol import keys as _keys
 
-__all__ = ["ResultRouting"]
+__all__ = ["ResultRouting", "reserved_destination"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +62,18 @@ class ResultRouting:
         ``internal.result_queue_name`` when that is a non-empty string, else to the second
         (``lua/reclaim-6.lua``, ARGV[3] and ARGV[4])."""
         return self.queue_list or "", self.default_list
+
+
+def reserved_destination(member_list: str | None, reserved: frozenset[str]) -> str | None:
+    """Why a request may not be served when the list its record would go to is one of
+    claimkit's own keys (:func:`~claimkit.protocol.keys.reserved_keys`), else ``None``.
+
+    ``member_list`` is the member's ``internal.result_queue_name`` when it decides the
+    destination (:meth:`ResultRouting.member_list`), else ``None``. Pushing a record onto
+    such a key would re-create an emptied queue key as a list and break it for every
+    request (docs/protocol.md#terminal-record), so the consumer dead-letters the request
+    with this ``INVALID_REQUEST`` message, and ``claimkit dead`` gives it as the cause.
+    """
+    if member_list is None or not _keys.is_reserved(member_list, reserved):
+        return None
+    return f"Failed: internal.result_queue_name names a key claimkit uses: {member_list!r}"
