@@ -1,8 +1,8 @@
 --[[
   Claim a batch of peeked members under a lease (docs/protocol.md#claim).
 
-  For each candidate: if it is no longer pending, another consumer won (lost). If the id
-  already has a claim (or its fields would collide with one: ids "x" and "x:score" share
+  For each candidate: if it is no longer pending, another consumer won (not pending). If
+  the id already has a claim (or its fields would collide with one: ids "x" and "x:score" share
   the claimed hash), it is left pending (busy: a second generation of a reused id waits for
   the first to finish). Otherwise ZREM it from pending and record the claim.
   Lease expiry (lua/_lease.lua) = min(server_now + lease_ttl, deadline + 30), but never less
@@ -26,8 +26,8 @@
 
   Output: { server_now (string, Unix seconds), code_1, ..., code_n } where code is
     1 claimed, 2 claimed and found cancelled (its request-cancel marker,
-    docs/protocol.md#keys), 0 lost to another consumer (or no longer pending), 3 busy (the
-    id has a live claim; left pending).
+    docs/protocol.md#keys), 0 not pending (another consumer claimed it first, or it was
+    acked or moved), 3 busy (the id has a live claim; left pending).
 ]]
 -- @include _server-now
 -- @include _guard-keys

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from support import wait_for
 
 from claimkit.config import load_config
 from claimkit.consumer.consumer import Consumer, QueueRuntime
@@ -41,13 +42,6 @@ def make_config(redis_url: str, gateway: str, **overrides: Any) -> Any:
     }
     doc.update(overrides)
     return load_config(inline=json.dumps(doc))
-
-
-async def wait_for(predicate: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Poll Redis state until ``predicate`` holds (the test's fail_after bounds it)."""
-    while not await predicate():
-        await trio.sleep(0.02)
-    del what
 
 
 async def records(store: Store, key: str = "result-list") -> list[dict[str, Any]]:
