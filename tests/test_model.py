@@ -9,14 +9,13 @@ server clock. The two replies must agree, and after every step the whole protoco
 Redis must be the fake's (docs/protocol.md#claim-protocol), every lease expiry and retry due
 time to the millisecond: a divergence of the fake fails here.
 
-The clock is never slept on. A lease "lapses" by writing a past score into the lease index
-(what the passing of time would do), a parked retry becomes due by writing a past score
-into the retry set, and a dedup marker "expires" by being deleted; each is done to the fake
-alike. The fake's clock is driven by Redis's: each fake call runs at the ``server_now`` the
-script replied (claim, renew, park), or at the Redis time read just before the script ran.
-Deadlines are drawn relative to that clock: far ahead, long past, just past, and within the
-lease, so both bounds of ``lua/_lease.lua`` bind (the ``deadline + 30`` cap and the
-``now + min(ttl, 30)`` floor), at claim and renew alike, with lease ttls under and over 30 s.
+The clock is never slept on. A lease "lapses" by writing a past score into the lease index,
+a parked retry becomes due by writing a past score into the retry set, and a dedup marker
+"expires" by being deleted; each is done to the fake alike. The fake's clock is driven by
+Redis's: each fake call runs at the ``server_now`` the script replied (claim, renew, park),
+else at the Redis time read just before. Deadlines are drawn against that clock (far ahead,
+long past, just past, within the lease) and ttls under and over 30 s, so each bound of
+``lua/_lease.lua`` binds: the ``deadline + 30`` cap and the ``now + min(ttl, 30)`` floor.
 
 Hypothesis runs deterministically (``derandomize``, no example database): CI runs the same
 cases every time. At the end every reply code of claim, renew, release and park, each bound
@@ -83,17 +82,14 @@ DEADLINES: list[str | int] = ["far", "past", -10, 5, 20]
 SLACK, DEAD_SLACK = 0.001, 1.0
 # Replies whose first element is the script's server_now: the fake call runs at that time.
 STAMPED = {"claim", "renew", "park"}
-# What a run must have seen at least once (RuleBasedStateMachine.seen, over every example).
-# Which bound of lua/_lease.lua set a lease (lease_kind) is counted as a "grant" (claim) and
-# a "renewal" (renew).
+# What a run must see at least once, over all its examples (ProtocolMachine.seen): every
+# reply code, a move by each mover, and each bound of lua/_lease.lua (lease_kind) setting a
+# lease at a claim ("grant") and at a renew ("renewal").
 CODES = {"claim": ClaimCode, "renew": RenewCode, "release": ReleaseCode, "park": ParkCode}
-MOVES = {
-    "dead_letter": ["moved", "pushed"],
-    "move_retries": ["moved"],
-    "reclaim": ["redelivered", "dead"],
-}
-MOVES |= {"grant": ["ttl", "cap", "floor"], "renewal": ["ttl", "cap", "kept"]}
-REQUIRED = {(op, v) for op, values in (CODES | MOVES).items() for v in values}
+MOVES = {"dead_letter": "moved pushed", "move_retries": "moved", "reclaim": "redelivered dead"}
+MOVES |= {"grant": "ttl cap floor", "renewal": "ttl cap kept"}
+REQUIRED: set[tuple[str, Any]] = {(op, c) for op, cs in CODES.items() for c in cs}
+REQUIRED |= {(op, what) for op, whats in MOVES.items() for what in whats.split()}
 
 
 def lease_kind(now: float, ttl: float, deadline: int, held: float | None = None) -> str:
