@@ -16,6 +16,7 @@ from claimkit.protocol.models import (
     parse_member,
 )
 from claimkit.protocol.store_calls import read_results
+from claimkit.store import reply_text
 
 if TYPE_CHECKING:
     from claimkit.store import Arg, Store
@@ -71,10 +72,6 @@ def _msgspec_kind(value: object) -> str:
     if isinstance(value, list | tuple):
         return "array"
     return type(value).__name__
-
-
-def _text(reply: Any) -> str:
-    return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
 def _server_now(reply: Any) -> float:
@@ -207,7 +204,7 @@ class Producer:
             [["TIME"], ["TYPE", self.queue]], transaction=False
         )
         now = _server_now(now_reply)
-        kind = _text(kind)
+        kind = reply_text(kind)
         if kind not in (_keys.PENDING_TYPE, "none"):
             # Checked first: MULTI/EXEC does not roll back, so a failing ZADD would leave the
             # request-active marker of a request that was never queued.
@@ -259,7 +256,7 @@ class Producer:
         names = (active, cancel, terminal)
         kinds = await self.store.pipeline([["TYPE", k] for k in names], transaction=True)
         for name, reply in zip(names, kinds, strict=True):
-            kind = _text(reply)
+            kind = reply_text(reply)
             if kind not in ("string", "none"):
                 raise SubmitError(
                     f"key {name!r} holds {_keys.type_name(kind)}, not a string: "

@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.text import Text
 
 from claimkit.dev import DevExtraMissing
+from claimkit.store import reply_text
 
 try:
     import httpx
@@ -72,10 +73,6 @@ FINISH_TIMEOUT = 120.0  # seconds for every request to get its record after the 
 STOP_TIMEOUT = 30.0  # seconds for B to exit on SIGTERM (its drain timeout is 10 s)
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 async def _claims(store: Store) -> dict[str, tuple[str, float]]:
     """Every claim of the queue now: id -> (owner token, lease expiry in Unix seconds)."""
     keys = _keys.QueueKeys.for_queue(QUEUE)
@@ -83,8 +80,11 @@ async def _claims(store: Store) -> dict[str, tuple[str, float]]:
         [["HGETALL", keys.owners], ["ZRANGE", keys.index, 0, -1, "WITHSCORES"]],
         transaction=True,
     )
-    expiry = {_text(rid): float(score) for rid, score in index}
-    return {_text(rid): (_text(tok), expiry.get(_text(rid), 0.0)) for rid, tok in owners.items()}
+    expiry = {reply_text(rid): float(score) for rid, score in index}
+    return {
+        reply_text(rid): (reply_text(tok), expiry.get(reply_text(rid), 0.0))
+        for rid, tok in owners.items()
+    }
 
 
 class _Watch:
@@ -105,7 +105,7 @@ class _Watch:
             [["EXISTS", *self.markers], ["HKEYS", _keys.QueueKeys.for_queue(QUEUE).deliveries]],
             transaction=True,
         )
-        self.redelivered.update(_text(rid) for rid in seen)
+        self.redelivered.update(reply_text(rid) for rid in seen)
         return int(count)
 
 

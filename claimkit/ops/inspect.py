@@ -258,10 +258,6 @@ def with_scores(reply: Sequence[Any]) -> list[tuple[bytes, float]]:
     return [(reply[i], float(reply[i + 1])) for i in range(0, len(reply), 2)]
 
 
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 async def snapshot(
     store: Store,
     queue: str,

@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from claimkit.store import reply_text
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -181,9 +183,9 @@ class InspectReply:
         raw_rows = reply[10:]
         rows = tuple(
             InspectClaim(
-                id=_text(rid),
+                id=reply_text(rid),
                 lease_expiry=float(expiry),
-                owner=None if owner is None else _text(owner),
+                owner=None if owner is None else reply_text(owner),
                 score=_lenient_float(score),
                 deliveries=_lenient_int(deliveries),
                 has_payload=bool(int(has_payload)),
@@ -205,10 +207,6 @@ class InspectReply:
             claims_exact=bool(int(reply[9])),
             rows=rows,
         )
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _lenient_float(value: Any) -> float | None:

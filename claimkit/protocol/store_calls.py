@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from claimkit.protocol import keys as _keys
+from claimkit.store import reply_text
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ async def first_wrong_type(
         return None
     replies = await store.pipeline([("TYPE", name) for name in names], transaction=False)
     for name, reply in zip(names, replies, strict=True):
-        found = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+        found = reply_text(reply)
         if found not in ("none", expected[name]):
             return name, found, expected[name]
     return None

@@ -25,6 +25,7 @@ from claimkit.store.interface import StoreError as StoreError
 from claimkit.store.interface import StorePermissionError as StorePermissionError
 from claimkit.store.interface import StoreTlsError as StoreTlsError
 from claimkit.store.interface import StoreUnavailable as StoreUnavailable
+from claimkit.store.interface import reply_text as reply_text
 from claimkit.store.redact import redact_url as redact_url
 from claimkit.store.tls import CLIENT_CERT_HINT as CLIENT_CERT_HINT
 from claimkit.store.urls import check_url as check_url
@@ -41,4 +42,5 @@ __all__ = [
     "check_url",
     "open_store",
     "redact_url",
+    "reply_text",
 ]

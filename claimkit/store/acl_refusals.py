@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from claimkit.store.interface import Arg, StorePermissionError
+from claimkit.store.interface import Arg, StorePermissionError, reply_text
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -54,7 +54,7 @@ def command_keys(args: Sequence[Arg]) -> list[str]:
     if not args:
         return []
     name = str(args[0]).upper()
-    rest = [a.decode(errors="replace") if isinstance(a, bytes) else str(a) for a in args[1:]]
+    rest = [reply_text(a) for a in args[1:]]
     if name in ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO"):
         try:
             return rest[2 : 2 + int(rest[1])]
@@ -77,10 +77,6 @@ def acl_user(url: str) -> str:
         return "default"
 
 
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 def _entries(reply: Any) -> list[dict[str, str]]:
     """``ACL LOG`` entries as ``{field: text}`` (RESP3 maps or RESP2 flat lists)."""
     out: list[dict[str, str]] = []
@@ -91,7 +87,7 @@ def _entries(reply: Any) -> list[dict[str, str]]:
             pairs = list(zip(entry[::2], entry[1::2], strict=False))
         else:
             continue
-        out.append({_text(k): _text(v) for k, v in pairs})
+        out.append({reply_text(k): reply_text(v) for k, v in pairs})
     return out
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "StorePermissionError",
     "StoreTlsError",
     "StoreUnavailable",
+    "reply_text",
 ]
 
 Arg: TypeAlias = bytes | str | int | float
@@ -38,6 +39,12 @@ Arg: TypeAlias = bytes | str | int | float
 
 ScriptCall: TypeAlias = tuple[Sequence[str], Sequence[Arg]]
 """One call of a script: ``(keys, args)``."""
+
+
+def reply_text(value: Any) -> str:
+    """A Redis reply (or argument) as text: bytes decoded as UTF-8, undecodable bytes as
+    U+FFFD; anything else through ``str``. Never raises."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class StoreUnavailable(ConnectionError):

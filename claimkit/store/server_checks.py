@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from claimkit.store.interface import Arg, ScriptCall, StoreError
+from claimkit.store.interface import Arg, ScriptCall, StoreError, reply_text
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -56,7 +56,7 @@ class ClusterUnsupported(StoreError):
 
 def info_fields(reply: Any) -> dict[str, str]:
     """``INFO``'s ``name:value`` lines as a dict (section headers and blanks skipped)."""
-    text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+    text = reply_text(reply)
     out: dict[str, str] = {}
     for line in text.splitlines():
         name, sep, value = line.partition(":")
