@@ -177,7 +177,11 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.tickets: list[Ticket] = []
         self.members: list[bytes] = []
         self.serial = 0
-        self.far = int(self.now) + 100_000  # a deadline far ahead
+        # Deadlines count from the example's first second, not from each add's: two adds of
+        # one member a second boundary apart must write the same bytes, or the draws that
+        # follow (which members exist, in which order) would depend on the wall clock.
+        self.base = int(self.now)
+        self.far = self.base + 100_000  # a deadline far ahead
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         return trio.from_thread.run(fn, *args)
@@ -255,7 +259,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(rid=st.sampled_from(IDS), gen=st.sampled_from(GENS), when=st.sampled_from(DEADLINES))
     def add(self, rid: str, gen: str, when: str | int) -> None:
         fixed = {"far": self.far, "past": PAST}
-        deadline = fixed[when] if isinstance(when, str) else int(self.server_time()) + when
+        deadline = fixed[when] if isinstance(when, str) else self.base + when
         raw = make_member(rid, gen, deadline)
         self.redis("ZADD", Q, deadline, raw)
         self.fq.pending[raw] = float(deadline)
