@@ -1,8 +1,8 @@
-"""Every command refuses a Redis Cluster in one line and writes nothing (issue 8, defect 14).
+"""Every command refuses a Redis Cluster in one line and writes nothing when the config
+does not say ``"mode": "cluster"`` (issue 8, defect 14; docs/topology.md#configuration).
 
-Until claimkit supports Redis Cluster, a cluster node is detected before the first command
-(``INFO``: ``cluster_enabled:1``) or from a cluster reply (``MOVED`` and kin), against a
-real 3-master cluster (:mod:`cluster`).
+A cluster node is detected before the first command (``INFO``: ``cluster_enabled:1``) or
+from a cluster reply (``MOVED`` and kin), against a real cluster (:mod:`cluster`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ Q = "requests"
 
 def refusal(url: str, how: str = "INFO says cluster_enabled:1") -> str:
     return (
-        f"claimkit: Redis at {url} is a Redis Cluster node ({how}): claimkit does not "
-        "support Redis Cluster yet; point it at a standalone Redis or Valkey "
-        '(docs/operations.md, "Redis Cluster")\n'
+        f'claimkit: Redis at {url} is a Redis Cluster node ({how}): set "mode": "cluster" '
+        "in the transport config to use it (docs/topology.md#configuration)\n"
     )
 
 
