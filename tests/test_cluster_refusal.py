@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import trio
 from cluster import RedisCluster, redis_cluster
-from support import config_json
+from support import config_json, do, invoke, one_line_error
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -124,3 +124,26 @@ async def test_the_redispy_store_refuses_a_cluster_too(redis_cluster: RedisClust
             expected = refusal(shown, f"it answered {moved}").removeprefix("claimkit: ")
             assert str(info.value) + "\n" == expected
     assert redis_cluster.dbsizes() == [0, 0, 0]
+
+
+def test_inspect_in_cluster_mode_refuses_a_standalone_server_in_one_line(redis_url: str) -> None:
+    config = config_json(redis_url, queue=Q, mode="cluster")
+    result = invoke(["inspect", "-q", Q, "--transport-config", config])
+    one_line_error(
+        result,
+        f"Redis at {redis_url} is not a Redis Cluster node (it answered This instance has "
+        'cluster support disabled): set "mode": "standalone" in the transport config, or '
+        "point url at a cluster node (docs/topology.md#configuration)",
+    )
+    assert do(redis_url, ("DBSIZE",)) == [0]
+
+
+def test_inspect_in_standalone_mode_refuses_a_cluster_node_in_one_line(
+    redis_cluster: RedisCluster,
+) -> None:
+    url = redis_cluster.url
+    config = config_json(url, queue=Q, mode="standalone")
+    result = invoke(["inspect", "-q", Q, "--transport-config", config])
+    one_line_error(result, refusal(url).removeprefix("claimkit: ").rstrip("\n"))
+    assert sum(redis_cluster.dbsizes()) == 0
+

@@ -26,6 +26,7 @@ from coredis.typing import Key
 from claimkit.store.coredis_store import _NOOP, CoredisStore, _translate
 from claimkit.store.interface import Arg, ScriptCall, StoreError, StoreUnavailable, reply_text
 from claimkit.store.script_calls import NO_WAIT, ReplicaWait, run_pipelined
+from claimkit.store.server_checks import NotACluster
 from claimkit.store.slots import key_positions, key_slot
 from claimkit.store.tls import tls_file_error
 
@@ -41,20 +42,6 @@ log = logging.getLogger("claimkit")
 _RETRY_FIRST = 0.25  # seconds before the layout is read again after a failure; doubles
 _RETRY_MAX = 5.0
 _CLUSTER_DISABLED = "cluster support disabled"
-
-
-class NotACluster(StoreError):
-    """``mode`` is ``"cluster"`` but the server is not a Redis Cluster node; nothing was
-    written. ``str(err)`` is one line: the URL (password masked), what it answered, what
-    to do (docs/topology.md#configuration)."""
-
-    @classmethod
-    def for_url(cls, url: str, how: str) -> NotACluster:
-        return cls(
-            f'Redis at {url} is not a Redis Cluster node ({how}): set "mode": '
-            '"standalone" in the transport config, or point url at a cluster node '
-            "(docs/topology.md#configuration)"
-        )
 
 
 def _wrap(args: Sequence[Arg]) -> tuple[Any, ...]:

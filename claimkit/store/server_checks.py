@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CLUSTER_REPLIES",
     "ClusterUnsupported",
+    "NotACluster",
     "StandaloneOnly",
     "eviction_policy",
     "info_fields",
@@ -55,6 +56,21 @@ class ClusterUnsupported(StoreError):
         return cls(
             f'Redis at {url} is a Redis Cluster node ({how}): set "mode": "cluster" in '
             "the transport config to use it (docs/topology.md#configuration)"
+        )
+
+
+class NotACluster(StoreError):
+    """``mode`` is ``"cluster"`` but the server is not a Redis Cluster node; nothing was
+    written. ``str(err)`` is one line: the URL (password masked), what it answered, what
+    to do (docs/topology.md#configuration). Raised by
+    :class:`~claimkit.store.cluster_store.ClusterStore`."""
+
+    @classmethod
+    def for_url(cls, url: str, how: str) -> NotACluster:
+        return cls(
+            f'Redis at {url} is not a Redis Cluster node ({how}): set "mode": '
+            '"standalone" in the transport config, or point url at a cluster node '
+            "(docs/topology.md#configuration)"
         )
 
 
