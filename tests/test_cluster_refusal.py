@@ -146,4 +146,3 @@ def test_inspect_in_standalone_mode_refuses_a_cluster_node_in_one_line(
     result = invoke(["inspect", "-q", Q, "--transport-config", config])
     one_line_error(result, refusal(url).removeprefix("claimkit: ").rstrip("\n"))
     assert sum(redis_cluster.dbsizes()) == 0
-
