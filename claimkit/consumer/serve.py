@@ -9,7 +9,7 @@ import logging
 import signal
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
 
@@ -17,7 +17,7 @@ from claimkit.config import Config, ConfigError
 from claimkit.consumer.consumer import Consumer, Summary, check_key_roles, key_roles
 from claimkit.consumer.health import HttpBindError, serve_http
 from claimkit.protocol.ops import first_wrong_type
-from claimkit.store import Store, StoreUnavailable, open_store
+from claimkit.store import Store, StoreError, StoreUnavailable, open_store
 from claimkit.store.server_checks import eviction_policy
 
 if TYPE_CHECKING:
@@ -100,6 +100,48 @@ async def _preflight(store: Store, config: Config, *, allow_eviction: bool = Fal
         await _check_eviction(store, allow_eviction=allow_eviction)
     except StoreUnavailable as exc:
         log.warning("claimkit: Redis is unavailable at start (%s); retrying until it answers", exc)
+
+
+class _FollowsFailovers(Protocol):
+    """A store whose server can change under it (a sentinel store, docs/topology.md#sentinel)."""
+
+    topology_changes: int
+
+    async def topology_changed(self, seen: int) -> int: ...
+
+
+class _AfterFailovers:
+    """Reruns the preflight (:func:`_preflight`) once after each failover of a sentinel
+    store, while the consumer runs: the new primary gets the same checks as the first one
+    (key types, eviction policy). A refusal there stops the consumer, and :meth:`raise_refusal`
+    raises it after the shutdown, as the start-up refusal would have been raised."""
+
+    def __init__(self, store: Store, config: Config, allow_eviction: bool) -> None:
+        self._store = store
+        self._config = config
+        self._allow_eviction = allow_eviction
+        self.refusal: Exception | None = None
+
+    def applies(self) -> bool:
+        return callable(getattr(self._store, "topology_changed", None))
+
+    async def run(self, consumer: Consumer, *, task_status: trio.TaskStatus[None]) -> None:
+        store = cast("_FollowsFailovers", self._store)
+        seen = store.topology_changes
+        task_status.started()
+        while True:
+            seen = await store.topology_changed(seen)
+            try:
+                await _preflight(self._store, self._config, allow_eviction=self._allow_eviction)
+            except (ConfigError, StoreError) as exc:
+                self.refusal = exc
+                log.error("claimkit: after the failover: %s; stopping", exc)
+                consumer.request_stop()
+                return
+
+    def raise_refusal(self) -> None:
+        if self.refusal is not None:
+            raise self.refusal
 
 
 def _bind_error_line(exc: HttpBindError, config: Config) -> str:
@@ -215,11 +257,15 @@ async def _serve(
                 bound.get("health", "off"),
                 f", on {config.http_host}" if bound else "",
             )
+            failovers = _AfterFailovers(store, config, allow_eviction)
             async with trio.open_nursery() as nursery:
                 await nursery.start(_signals, consumer, early)
+                if failovers.applies():
+                    await nursery.start(failovers.run, consumer)
                 summary = await consumer.run()
                 nursery.cancel_scope.cancel()
             early.restore()  # the claims are swept: a signal now may end the teardown
+            failovers.raise_refusal()
             return summary
         finally:
             servers.__exit__(None, None, None)
