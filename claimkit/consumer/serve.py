@@ -83,16 +83,19 @@ async def _preflight(store: Store, config: Config, *, allow_eviction: bool = Fal
     """Refuse to start on a mistake that retrying cannot mend: a wrong password (StoreError)
     or any key serve uses holding another type than the one docs/protocol.md#keys gives it
     (:func:`key_roles`: each queue's own keys, the retry set and its dead set, the result
-    lists, a gate's budget key; keys that do not exist are fine), a Redis Cluster node, or a
-    server that may evict any key (:func:`_check_eviction`). Redis merely unreachable is not
-    one of them: the consumer starts and retries until it answers
-    (docs/protocol.md#tasks-and-shutdown).
+    lists, a gate's budget key; keys that do not exist are fine), a server of another mode
+    than the config's (a Redis Cluster node in standalone mode, or no cluster node in
+    cluster mode; docs/topology.md#configuration), or a server that may evict any key
+    (:func:`_check_eviction`; on a cluster, any primary). Redis merely unreachable is not one
+    of them: the consumer starts and retries until it answers
+    (docs/protocol.md#tasks-and-shutdown). After a sentinel failover it runs again against
+    the promoted primary (:class:`_AfterFailovers`, docs/topology.md#sentinel).
 
     Raises:
         WrongKeyType: one line naming the key, the type it holds and the type expected.
         ConfigError: one key would have to be two types (:func:`key_roles`), or Redis
             evicts any key and ``allow_eviction`` is false.
-        ClusterUnsupported: Redis is a Redis Cluster node.
+        ClusterUnsupported, NotACluster: the server's mode is not the config's.
     """
     roles = key_roles(config)
     try:
@@ -214,7 +217,9 @@ async def serve_forever(
     Raises:
         ConfigError: a port is taken, a gate is misconfigured, or Redis may evict any key
             (one line).
-        ClusterUnsupported: Redis is a Redis Cluster node (one line).
+        ClusterUnsupported, NotACluster: the server's mode is not the config's (one line).
+        ConfigError, StoreError: the preflight rerun after a sentinel failover refused the
+            promoted primary (one line; the consumer stopped first).
     """
     with _signals_while_starting() as early:
         return await _serve(config, backend, early, allow_eviction)
