@@ -323,3 +323,14 @@ async def test_the_preflight_runs_again_on_the_promoted_primary(
     assert errors == [f"claimkit: after the failover: {refusal}; stopping"]
     with pytest.raises(ConfigError):
         followed.raise_refusal()
+
+
+async def test_no_sentinel_answering_is_unavailable_not_an_error_at_open() -> None:
+    from support import closed_port
+
+    url = f"redis://127.0.0.1:{closed_port()}/0"
+    with trio.fail_after(20):
+        async with open_store(url, topology=Topology("sentinel", master_name=MASTER)) as store:
+            with pytest.raises(StoreUnavailable) as info:
+                await store.command("GET", "k")
+    assert str(info.value) == f"No primary found for {MASTER!r}"
