@@ -40,6 +40,7 @@ from claimkit.dev.resp_client import HOST
 from claimkit.dev.resp_client import call as _call
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import TracebackType
 
 __all__ = [
@@ -195,6 +196,8 @@ class RedisClusterProcesses:
             :func:`~claimkit.dev.redis_server.find_server_binary`.
         node_timeout_ms: as the attribute (milliseconds).
         extra_args: more ``--name value`` arguments for every node.
+        directory: where the nodes' directories go (``node-<i>`` for ``nodes[i]``), kept by
+            :meth:`close` (logs, AOF); ``None``: a temporary directory per node, removed.
 
     Used as a context manager it is started on entry and closed on exit.
     """
@@ -208,6 +211,7 @@ class RedisClusterProcesses:
         binary: str | None = None,
         node_timeout_ms: int = 2000,
         extra_args: tuple[str, ...] = (),
+        directory: Path | None = None,
     ) -> None:
         if masters < 1 or replicas < 0:
             raise ValueError(f"need masters >= 1 and replicas >= 0, got {masters}, {replicas}")
@@ -219,6 +223,7 @@ class RedisClusterProcesses:
         self.binary = binary
         self.node_timeout_ms = node_timeout_ms
         self.extra_args = extra_args
+        self.directory = directory
         self.nodes: list[RedisServer] = []
         self._ids: dict[int, str] = {}  # port -> node id
         self._killed: list[RedisServer] = []  # primaries killed, not yet failed over
@@ -371,7 +376,9 @@ class RedisClusterProcesses:
             taken.update((port, port + BUS_OFFSET))
             ports.append(port)
         with ThreadPoolExecutor(max_workers=total) as pool:
-            futures = [pool.submit(self._start_node, p, taken, deadline) for p in ports]
+            futures = [
+                pool.submit(self._start_node, i, p, taken, deadline) for i, p in enumerate(ports)
+            ]
             errors = []
             for future in futures:
                 try:
@@ -395,10 +402,17 @@ class RedisClusterProcesses:
             *self.extra_args,
         ]  # fmt: skip
 
-    def _start_node(self, port: int, taken: set[int], deadline: float) -> RedisServer:
+    def _start_node(self, i: int, port: int, taken: set[int], deadline: float) -> RedisServer:
+        directory = None if self.directory is None else self.directory / f"node-{i}"
         for attempt in range(1, _NODE_ATTEMPTS + 1):
+            if directory is not None:
+                (directory / "nodes.conf").unlink(missing_ok=True)  # a fresh node each try
             server = RedisServer(
-                port=port, aof=self.aof, binary=self.binary, extra_args=self._node_args()
+                port=port,
+                aof=self.aof,
+                binary=self.binary,
+                extra_args=self._node_args(),
+                directory=directory,
             )
             try:
                 server.start(max(deadline - time.monotonic(), 0.5))

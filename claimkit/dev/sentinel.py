@@ -95,6 +95,9 @@ class SentinelGroup:
         quorum: sentinels that must agree the primary is down; ``None``: a majority.
         down_after_ms: milliseconds without a reply before a sentinel thinks it down.
         failover_timeout_ms: the sentinels' ``failover-timeout`` (milliseconds).
+        directory: where the processes' directories go (``primary``, ``replica-<i>``,
+            ``sentinel-<i>``), kept by :meth:`close` (logs, AOF, ``sentinel.conf``);
+            ``None``: a temporary directory each, removed.
 
     Used as a context manager it is started on entry and closed on exit.
     """
@@ -110,6 +113,7 @@ class SentinelGroup:
         quorum: int | None = None,
         down_after_ms: int = 1000,
         failover_timeout_ms: int = 3000,
+        directory: Path | None = None,
     ) -> None:
         if replicas < 1 or sentinels < 1:
             raise ValueError(f"need replicas >= 1 and sentinels >= 1, got {replicas}, {sentinels}")
@@ -125,6 +129,7 @@ class SentinelGroup:
             raise ValueError(f"quorum must be 1..{sentinels}, got {quorum}")
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
+        self.directory = directory
         self.servers: list[RedisServer] = []
         self.sentinels: list[RedisServer] = []
         self._primary: RedisServer | None = None
@@ -208,14 +213,24 @@ class SentinelGroup:
             raise RuntimeError(f"{self!r} is already started")
         deadline = time.monotonic() + timeout
         try:
-            primary = RedisServer(aof=self.aof, binary=self.binary, extra_args=_DATA_ARGS)
+            primary = RedisServer(
+                aof=self.aof,
+                binary=self.binary,
+                extra_args=_DATA_ARGS,
+                directory=self._place("primary"),
+            )
             self.servers.append(primary)
             self._primary = primary
             primary.start(self._left(deadline))
             replica_args = (*_DATA_ARGS, "--replicaof", HOST, str(primary.port))
             replicas = [
-                RedisServer(aof=self.aof, binary=self.binary, extra_args=replica_args)
-                for _ in range(self.replica_count)
+                RedisServer(
+                    aof=self.aof,
+                    binary=self.binary,
+                    extra_args=replica_args,
+                    directory=self._place(f"replica-{i}"),
+                )
+                for i in range(self.replica_count)
             ]
             self.servers += replicas
             self._start_all(replicas, deadline)
@@ -227,9 +242,12 @@ class SentinelGroup:
                 down_after_ms=self.down_after_ms,
                 failover_timeout_ms=self.failover_timeout_ms,
             )
-            for _ in range(self.sentinel_count):
-                directory = Path(tempfile.mkdtemp(prefix="claimkit-sentinel-"))
-                self._sentinel_dirs.append(directory)
+            for i in range(self.sentinel_count):
+                directory = self._place(f"sentinel-{i}")
+                if directory is None:
+                    directory = Path(tempfile.mkdtemp(prefix="claimkit-sentinel-"))
+                    self._sentinel_dirs.append(directory)
+                directory.mkdir(parents=True, exist_ok=True)
                 (directory / "sentinel.conf").write_text(conf)
                 self.sentinels.append(
                     RedisServer(
@@ -244,6 +262,9 @@ class SentinelGroup:
         except BaseException:
             self.close()
             raise
+
+    def _place(self, name: str) -> Path | None:
+        return None if self.directory is None else self.directory / name
 
     @staticmethod
     def _left(deadline: float) -> float:
