@@ -1282,6 +1282,7 @@ def figures(run: Run, final: Locations, stats: dict[str, Any], elapsed: float) -
         if not calls.get(rid) and not any(e.kind == "claim" for e in mon.events_of(rid))
     ]
     checks = {
+        "workload": bool(accepted),  # a run that accepted nothing proves nothing
         "lost": not lost,
         "duplicates": not dups,
         "phantom": not phantom,
