@@ -72,6 +72,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
+import inspect
 import itertools
 import json
 import os
@@ -361,9 +363,6 @@ class TopologyUnsupported(RuntimeError):
 
 def topology_support_problem() -> str | None:
     """Why this claimkit cannot run a cluster or sentinel topology, or ``None``."""
-    import importlib.util
-    import inspect
-
     if importlib.util.find_spec("claimkit.store.topology") is None:
         return "this claimkit has no topology support (no claimkit.store.topology)"
     if "topology" not in inspect.signature(open_store).parameters:
@@ -506,7 +505,7 @@ class Topo:
         why = topology_support_problem()
         if why is not None:
             raise TopologyUnsupported(why)
-        from claimkit.store.topology import Topology  # type: ignore[import-not-found,unused-ignore]
+        from claimkit.store.topology import Topology
 
         fields = self.transport_fields()
         topology = Topology(
@@ -514,7 +513,7 @@ class Topo:
             addrs=tuple(fields["addrs"]),
             master_name=fields.get("master_name"),
         )
-        return open_store(fields["url"], timeout=3, topology=topology)  # type: ignore[call-arg,unused-ignore]
+        return open_store(fields["url"], timeout=3, topology=topology)
 
 
 @dataclass
