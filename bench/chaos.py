@@ -241,6 +241,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "for a replica to be promoted (sentinel or cluster)",
     )
     p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="replicas per primary (cluster, sentinel); after a failover one fewer remains",
+    )
+    p.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="after a failover, restart the killed primary: it comes back as a replica",
+    )
+    p.add_argument(
         "--wait-replicas",
         type=int,
         default=None,
@@ -272,6 +283,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.fault_weights = {**args.fault_weights, "redis": 0.0}
         if sum(args.fault_weights.values()) <= 0:
             p.error("at least one fault weight but redis must be positive with sentinel")
+    if args.replicas < (1 if args.topology == "sentinel" or args.fault else 0):
+        p.error("--replicas must be at least 1 with sentinel or --fault failover")
+    short = args.wait_replicas is not None and args.wait_replicas >= args.replicas
+    if args.fault and short and not args.rejoin:
+        log(
+            f"note: after the failover {args.replicas - 1} replica(s) remain, fewer than "
+            f"--wait-replicas {args.wait_replicas}: every waited call will count as not done "
+            "(add --rejoin or --replicas)"
+        )
     for name in ("wait_replicas", "wait_timeout_ms"):
         value = getattr(args, name)
         if value is not None and value < 0:
@@ -383,6 +403,7 @@ class Topo:
         self.cluster: RedisClusterProcesses | None = None
         self.group: SentinelGroup | None = None
         self.failover_seconds: list[float] = []
+        self.rejoin_seconds: list[float] = []
 
     def start(self) -> None:
         if self.mode == "standalone":
@@ -392,7 +413,7 @@ class Topo:
             failover = self.opts.fault == "failover"
             self.cluster = RedisClusterProcesses(
                 masters=3,
-                replicas=1,
+                replicas=self.opts.replicas,
                 aof="always",
                 node_timeout_ms=_FAILOVER_NODE_TIMEOUT_MS if failover else _CLUSTER_NODE_TIMEOUT_MS,
                 directory=self.workdir / "cluster",
@@ -400,7 +421,7 @@ class Topo:
             self.cluster.start()
         else:
             self.group = SentinelGroup(
-                replicas=1,
+                replicas=self.opts.replicas,
                 sentinels=3,
                 master_name=MASTER_NAME,
                 aof="always",
@@ -476,23 +497,32 @@ class Topo:
         assert self.server is not None
         return self.server
 
-    def failover(self) -> tuple[int, str]:
+    def failover(self) -> tuple[RedisServer, str]:
         """SIGKILL the primary (cluster: the queue's) and wait for its replica's promotion.
 
-        Returns: the killed primary's port and the new primary's ``host:port``."""
+        Returns: the killed primary and the new primary's ``host:port``."""
         began = time.monotonic()
         if self.group is not None:
-            old = self.group.kill_primary().port
+            victim = self.group.kill_primary()
             new = self.group.wait_promoted(_FAILOVER_WAIT)
         else:
             assert self.cluster is not None
             victim = self.crash_target()
-            old = victim.port
             self.cluster.kill_primary(self.cluster.masters.index(victim))
             (promoted,) = self.cluster.wait_failover(_FAILOVER_WAIT)
             new = f"127.0.0.1:{promoted.port}"
         self.failover_seconds.append(time.monotonic() - began)
-        return old, new
+        return victim, new
+
+    def rejoin(self, server: RedisServer) -> None:
+        """Restart a killed primary; it comes back as a replica of its replacement."""
+        began = time.monotonic()
+        if self.group is not None:
+            self.group.rejoin(server, _FAILOVER_WAIT)
+        else:
+            assert self.cluster is not None
+            self.cluster.rejoin(server, _FAILOVER_WAIT)
+        self.rejoin_seconds.append(time.monotonic() - began)
 
     def open_store(self) -> contextlib.AbstractAsyncContextManager[Store]:
         """The harness's own store (producer, samples) on this topology.
@@ -1057,7 +1087,10 @@ async def fault_failover(run: Run) -> None:
     log(f"failover: SIGKILL the primary{'' if run.topo.group else ' of the queue'}")
     old, new = await trio.to_thread.run_sync(run.topo.failover)
     run.follow_primaries()
-    log(f"failover: port {old} -> {new} in {run.topo.failover_seconds[-1]:.1f}s")
+    log(f"failover: port {old.port} -> {new} in {run.topo.failover_seconds[-1]:.1f}s")
+    if run.opts.rejoin:
+        await trio.to_thread.run_sync(run.topo.rejoin, old)
+        log(f"port {old.port} rejoined as a replica in {run.topo.rejoin_seconds[-1]:.1f}s")
 
 
 async def fault_term(run: Run, fault: Fault) -> None:
@@ -1338,6 +1371,8 @@ def figures(run: Run, final: Locations, stats: dict[str, Any], elapsed: float) -
         "records_vanished": run.log.vanished,
         "failovers": len(run.topo.failover_seconds),
         "failover_s": [round(t, 2) for t in run.topo.failover_seconds],
+        "rejoin_s": [round(t, 2) for t in run.topo.rejoin_seconds],
+        "replicas": opts.replicas if opts.topology != "standalone" else 0,
         "elapsed_s": round(elapsed, 1),
         "checks": checks,
         "passed": all(checks.values()),
@@ -1374,13 +1409,16 @@ def line(f: dict[str, Any]) -> str:
     where = f["topology"] + ("" if f["one_slot"] or f["topology"] != "cluster" else " cross-slot")
     if f["topology"] == "cluster" and f["one_slot"]:
         where += " one-slot"
+    if f["topology"] != "standalone":
+        where += f" replicas={f['replicas']}"
     if f["wait_replicas"] is not None:
         where += f" wait_replicas={f['wait_replicas']}"
     failover = ""
     if f["failovers"]:
         failover = (
             f"failovers={f['failovers']} ({','.join(f'{t}s' for t in f['failover_s'])}) "
-            f"records_vanished={f['records_vanished']} "
+            + (f"rejoined ({','.join(f'{t}s' for t in f['rejoin_s'])}) " if f["rejoin_s"] else "")
+            + f"records_vanished={f['records_vanished']} "
             f"lost_never_claimed={f['lost_never_claimed']} "
         )
     return (

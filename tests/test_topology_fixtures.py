@@ -105,6 +105,13 @@ def test_a_killed_cluster_primary_is_replaced_by_its_replica_with_the_data() -> 
             assert b"cluster_state:ok" in cluster.call(i, "CLUSTER", "INFO")
         (flags,) = [n.flags for n in cluster.cluster_nodes() if n.port == victim.port]
         assert "fail" in flags
+        # The old primary comes back as its replacement's replica, with the data.
+        cluster.rejoin(victim)
+        assert cluster.masters == [nodes[0], nodes[1], nodes[5]]
+        assert cluster.replicas == [nodes[2], nodes[3], nodes[4]]
+        assert cluster.replicas_of(nodes[5]) == [nodes[2]]
+        assert call(nodes[2].port, [["READONLY"], ["GET", KEY]], 10) == [b"OK", b"bar"]
+        assert call(nodes[5].port, [["SET", KEY, "baz"], ["WAIT", "1", "5000"]], 10) == [b"OK", 1]
     assert cluster.nodes == []
     assert not nodes[5].running
 
@@ -156,6 +163,15 @@ def test_the_sentinels_promote_the_replica_with_the_data_written_with_wait() -> 
         (role,) = call(replica.port, [["ROLE"]], 10)
         assert isinstance(role, list)
         assert role[0] == b"master"
+        # The old primary comes back as the new one's replica: WAIT 1 is possible again.
+        group.rejoin(old)
+        assert group.replicas == [old]
+        assert group.primary_address() == address
+        (old_role,) = call(old.port, [["ROLE"]], 10)
+        assert isinstance(old_role, list)
+        assert old_role[:3] == [b"slave", HOST.encode(), replica.port]
+        assert call(replica.port, [["SET", "k", "after"], ["WAIT", "1", "5000"]], 10) == [b"OK", 1]
+        assert call(old.port, [["GET", "k"]], 10) == [b"after"]
         sentinels = list(group.sentinels)
     assert group.servers == []
     assert not any(s.running for s in sentinels)

@@ -572,6 +572,34 @@ class RedisClusterProcesses:
         self._killed = []
         return promoted
 
+    def rejoin(self, server: RedisServer, timeout: float = 30.0) -> None:
+        """Start a killed node again (same port, directory, ``nodes.conf`` and AOF) and
+        wait until the cluster is whole again: a primary that was replaced comes back as a
+        replica of its replacement, as a repaired machine does.
+
+        Ready means what :meth:`wait_failover` checks, with this node running too and, as a
+        replica, in sync with its primary.
+
+        Raises:
+            ValueError: ``server`` is not one of :attr:`nodes`, or is running.
+            RedisServerError: it did not start, or the cluster was not whole within
+                ``timeout`` seconds.
+        """
+        if server not in self.nodes or server.running:
+            raise ValueError(f"{server!r} is not a stopped node of {self!r}")
+        deadline = time.monotonic() + timeout
+        server.start(max(deadline - time.monotonic(), 0.5))
+        while True:
+            missing = self._failover_missing([])
+            if not missing:
+                view = {n.port: n for n in self.cluster_nodes()}
+                node = view.get(server.port)
+                if node is not None and not node.is_primary and not node.failing:
+                    return
+                missing = f"port {server.port} is not a replica yet"
+            self._check_deadline(deadline, missing)
+            time.sleep(_POLL)
+
     def _planned_slots(self, server: RedisServer) -> tuple[tuple[int, int], ...]:
         index = self.nodes.index(server)
         if index < self.master_count:

@@ -312,7 +312,10 @@ class SentinelGroup:
                 return f"replica on port {replica.port} has no live link to the primary"
         return ""
 
-    def _sentinels_missing(self) -> str:
+    def _sentinels_missing(self, *, link_known: bool = True) -> str:
+        """What keeps the sentinels from being ready; empty when they are. Every running
+        replica must be listed as ``slave`` (not down) and, with ``link_known``, with its
+        link ``ok`` (which a sentinel learns from ``INFO``, every 10 s for a replica)."""
         want = f"{HOST}:{self.primary.port}"
         running = [s for s in self.sentinels if s.running]
         for sentinel in running:
@@ -338,7 +341,8 @@ class SentinelGroup:
             healthy = {
                 int(r["port"])
                 for r in (_pairs(x) for x in (replicas if isinstance(replicas, list) else []))
-                if r.get("flags") == "slave" and r.get("master-link-status") == "ok"
+                if r.get("flags") == "slave"
+                and (r.get("master-link-status") == "ok" or not link_known)
             }
             for replica in self.replicas:
                 if replica.port not in healthy:
@@ -402,6 +406,40 @@ class SentinelGroup:
         self._wait(time.monotonic() + timeout, missing)
         self._killed = None
         return f"{HOST}:{self.primary.port}"
+
+    def rejoin(self, server: RedisServer, timeout: float = 30.0) -> None:
+        """Start a killed data server again (same port, directory and AOF) as a replica of
+        :attr:`primary`: an old primary comes back as a replica, as a repaired machine
+        does. ``REPLICAOF`` is sent at once (what its rewritten config would say; left to
+        the sentinels, the conversion takes about 20 s).
+
+        Ready means: it is a replica of the current primary, in sync (as :meth:`start`),
+        and every sentinel lists it as a replica that is not down.
+
+        Raises:
+            ValueError: ``server`` is not one of this group's data servers, or is running.
+            RedisServerError: it did not start, or did not rejoin within ``timeout``
+                seconds.
+        """
+        if server not in self.servers or server.running:
+            raise ValueError(f"{server!r} is not a stopped data server of {self!r}")
+        deadline = time.monotonic() + timeout
+        server.start(self._left(deadline))
+        (reply,) = _call(server.port, [["REPLICAOF", HOST, str(self.primary.port)]], _CALL_TIMEOUT)
+        if isinstance(reply, Exception):
+            raise RedisServerError(f"REPLICAOF on port {server.port}: {reply}")
+
+        def missing() -> str:
+            try:
+                (role,) = _call(server.port, [["ROLE"]], _CALL_TIMEOUT)
+            except OSError as exc:
+                return f"port {server.port} does not answer: {exc}"
+            want = [b"slave", HOST.encode(), self.primary.port]
+            if not isinstance(role, list) or role[:3] != want:
+                return f"port {server.port} is not a replica of port {self.primary.port} yet"
+            return self._replication_missing() or self._sentinels_missing(link_known=False)
+
+        self._wait(deadline, missing)
 
     def close(self) -> None:
         """Stop every sentinel, then every data server (SIGTERM by PID, SIGKILL after 10 s),
