@@ -35,19 +35,19 @@ from claimkit.store.scripts import Script, all_scripts
 
 _SNAPSHOT_SOURCE = """#!lua flags=no-writes
 -- chaos snapshot: read, atomically, every place a request can be (read-only).
--- KEYS: pending, claimed, owners, index, retry, dead, retry dead, result list
+-- KEYS: pending, claimed, owners, index, retry, dead, retry dead, outbox, and as KEYS[9]
+--       the result list when it is in the same slot (always, but on a cluster whose
+--       result list is in another slot than the queue)
 -- ARGV[1]: how many result records the caller already has (records are only LPUSHed
---          during a chaos run, so the new ones are the head of the list)
+--          during a chaos run, so the new ones are the head of the list); unused without
+--          KEYS[9]
 -- (flags=no-writes: it runs while Redis refuses writes, too.)
 -- Returns: { sec, usec, pending (member, score)*, claimed (field, value)*, owners
 --            (id, token)*, index (id, expiry)*, retry members, dead members,
---            retry dead members, result count, new records (newest first) }
+--            retry dead members, outbox (field, entry)*, and with KEYS[9]: result count,
+--            new records (newest first) }
 local t = redis.call('TIME')
-local n = redis.call('LLEN', KEYS[8])
-local known = tonumber(ARGV[1])
-local new = {}
-if n > known then new = redis.call('LRANGE', KEYS[8], 0, n - known - 1) end
-return {
+local out = {
   t[1], t[2],
   redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'),
   redis.call('HGETALL', KEYS[2]),
@@ -56,31 +56,155 @@ return {
   redis.call('ZRANGE', KEYS[5], 0, -1),
   redis.call('ZRANGE', KEYS[6], 0, -1),
   redis.call('ZRANGE', KEYS[7], 0, -1),
-  n,
-  new,
+  redis.call('HGETALL', KEYS[8]),
 }
+if #KEYS == 9 then
+  local n = redis.call('LLEN', KEYS[9])
+  local known = tonumber(ARGV[1])
+  local new = {}
+  if n > known then new = redis.call('LRANGE', KEYS[9], 0, n - known - 1) end
+  out[#out + 1] = n
+  out[#out + 1] = new
+end
+return out
 """
 
-SNAPSHOT = Script(
-    "chaos-snapshot",
-    8,
-    _SNAPSHOT_SOURCE,
-    hashlib.sha1(_SNAPSHOT_SOURCE.encode(), usedforsecurity=False).hexdigest(),
-)
+_RESULTS_SOURCE = """#!lua flags=no-writes
+-- chaos result read: the result list's length and the records the caller does not have.
+-- KEYS[1]: the result list. ARGV[1]: how many records the caller already has.
+-- Returns: { result count, new records (newest first) }
+local n = redis.call('LLEN', KEYS[1])
+local known = tonumber(ARGV[1])
+local new = {}
+if n > known then new = redis.call('LRANGE', KEYS[1], 0, n - known - 1) end
+return { n, new }
+"""
 
 
-def snapshot_keys(queue: str, retry_set: str, result_list: str) -> list[str]:
-    k = QueueKeys.for_queue(queue)
-    return [
-        k.pending,
-        k.claimed,
-        k.owners,
-        k.index,
-        retry_set,
-        k.dead,
-        retry_set + ":dead",
-        result_list,
-    ]
+def _script(name: str, numkeys: int, source: str) -> Script:
+    return Script(
+        name, numkeys, source, hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+    )
+
+
+SNAPSHOT = _script("chaos-snapshot", 9, _SNAPSHOT_SOURCE)
+"""The queue's keys and the result list in one slot: one atomic read of everything."""
+QUEUE_SNAPSHOT = _script("chaos-snapshot", 8, _SNAPSHOT_SOURCE)
+"""The queue's keys alone (a cluster whose result list is in another slot)."""
+RESULTS_READ = _script("chaos-results", 1, _RESULTS_SOURCE)
+"""The result list alone: its length and new records in one atomic step."""
+
+
+def hash_tag(name: str) -> str | None:
+    """The hash tag of ``name`` as Redis Cluster defines it (the first ``{``, then the
+    first ``}`` after it, something between), or ``None``."""
+    start = name.find("{")
+    if start >= 0:
+        end = name.find("}", start + 1)
+        if end > start + 1:
+            return name[start + 1 : end]
+    return None
+
+
+def _crc16(data: bytes) -> int:
+    """CRC-16/XMODEM, the checksum Redis Cluster hashes keys with."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def key_slot(name: str) -> int:
+    """The Redis Cluster hash slot of ``name`` (0-16383): of its hash tag when it has one."""
+    tag = hash_tag(name)
+    return _crc16((tag if tag is not None else name).encode()) % 16384
+
+
+def slot_key(name: str) -> str:
+    """``name`` if it has a hash tag, else ``"{" + name + "}"``: the prefix of the cluster
+    layout's per-queue keys (issue 10's cluster key layout, docs/topology.md)."""
+    return name if hash_tag(name) is not None else "{" + name + "}"
+
+
+@dataclass(frozen=True)
+class ChaosKeys:
+    """Every key the harness reads, in the layout the consumers use.
+
+    Standalone and sentinel: the names of docs/protocol.md#keys (:class:`QueueKeys`), the
+    retry set and its dead set global. Cluster: the per-queue keys are ``slot_key(q)`` plus
+    their suffix, the retry set is per queue (``{q}:<retry>``, ``{q}:<retry>:dead``), and
+    cross-slot acks go through the outbox ``{q}:outbox``. The outbox is read in every mode
+    (outside a cluster it never exists).
+    """
+
+    pending: str
+    claimed: str
+    owners: str
+    index: str
+    deliveries: str
+    dead: str
+    retry: str
+    retry_dead: str
+    outbox: str
+    results: str
+    cluster: bool
+
+    @classmethod
+    def for_run(cls, queue: str, retry: str, results: str, *, cluster: bool) -> ChaosKeys:
+        if cluster:
+            base = slot_key(queue)
+            return cls(
+                pending=queue,
+                claimed=f"{base}:claimed",
+                owners=f"{base}:claim-owners",
+                index=f"{base}:claims-idx",
+                deliveries=f"{base}:deliveries",
+                dead=f"{base}:dead",
+                retry=f"{base}:{retry}",
+                retry_dead=f"{base}:{retry}:dead",
+                outbox=f"{base}:outbox",
+                results=results,
+                cluster=True,
+            )
+        k = QueueKeys.for_queue(queue)
+        return cls(
+            pending=k.pending,
+            claimed=k.claimed,
+            owners=k.owners,
+            index=k.index,
+            deliveries=k.deliveries,
+            dead=k.dead,
+            retry=retry,
+            retry_dead=retry + ":dead",
+            outbox=slot_key(queue) + ":outbox",
+            results=results,
+            cluster=False,
+        )
+
+    @property
+    def one_slot(self) -> bool:
+        """Whether the result list shares the queue's slot: one atomic snapshot reads all."""
+        return not self.cluster or key_slot(self.results) == key_slot(self.pending)
+
+    def queue_keys(self) -> list[str]:
+        """KEYS of :data:`QUEUE_SNAPSHOT`, all in the queue's slot."""
+        return [
+            self.pending,
+            self.claimed,
+            self.owners,
+            self.index,
+            self.retry,
+            self.dead,
+            self.retry_dead,
+            self.outbox,
+        ]
+
+    def snapshot_keys(self) -> list[str]:
+        """KEYS of :data:`SNAPSHOT`: the queue's keys, then the result list."""
+        return [*self.queue_keys(), self.results]
 
 
 def _b(value: Any) -> bytes:
@@ -88,6 +212,8 @@ def _b(value: Any) -> bytes:
 
 
 def _flat_pairs(reply: Any) -> list[tuple[bytes, bytes]]:
+    if isinstance(reply, dict):
+        return [(_b(k), _b(v)) for k, v in reply.items()]
     items = list(reply)
     return [(_b(items[i]), _b(items[i + 1])) for i in range(0, len(items), 2)]
 
@@ -135,27 +261,30 @@ def parse_member(raw: bytes) -> Member:
 
 @dataclass
 class Locations:
-    """Where every request is at one instant (from one :data:`SNAPSHOT` reply).
+    """Where every request is at one instant (from one :data:`SNAPSHOT` or
+    :data:`QUEUE_SNAPSHOT` reply).
 
     Attributes:
         server_time: Redis server clock at the snapshot (Unix seconds).
         places: id -> list of place names, one entry per copy ("pending", "claimed",
-            "retry", "dead"); an id with a terminal record is listed with "results" by
-            :meth:`count`, not here.
+            "retry", "dead", "outbox"); records are not listed here (see
+            :func:`location_problem`).
         problems: structural faults seen in this snapshot alone (a claim whose entries are
             not all present, a pending score that is not the deadline).
-        result_count: length of the result list.
+        result_count: length of the result list (``None`` when not read: QUEUE_SNAPSHOT).
         new_records: records pushed since the caller's last snapshot, oldest first.
+        outbox_count: entries in the cluster outbox.
     """
 
     server_time: float
     places: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     problems: list[str] = field(default_factory=list)
-    result_count: int = 0
+    result_count: int | None = None
     new_records: list[bytes] = field(default_factory=list)
     claims: dict[str, tuple[str, float]] = field(default_factory=dict)
     pending_count: int = 0
     retry_count: int = 0
+    outbox_count: int = 0
 
     @classmethod
     def from_reply(cls, reply: Any) -> Locations:
@@ -195,9 +324,52 @@ class Locations:
         for raw in list(reply[7]) + list(reply[8]):
             m = parse_member(_b(raw))
             loc.places[m.id if m.id is not None else "<unreadable>"].append("dead")
-        loc.result_count = int(reply[9])
-        loc.new_records = [_b(r) for r in reversed(list(reply[10]))]
+        for fld, _entry in _flat_pairs(reply[9]):
+            # field: <id> NUL <ownership token>
+            loc.outbox_count += 1
+            loc.places[fld.split(b"\0", 1)[0].decode(errors="replace")].append("outbox")
+        if len(reply) > 10:
+            loc.result_count = int(reply[10])
+            loc.new_records = [_b(r) for r in reversed(list(reply[11]))]
         return loc
+
+    @property
+    def busy(self) -> bool:
+        """Whether anything is still pending, claimed, waiting to retry or in the outbox."""
+        return bool(self.claims or self.pending_count or self.retry_count or self.outbox_count)
+
+
+LIVE_PLACES = ("pending", "claimed", "retry")
+"""Where a request is a live copy, one that may still run."""
+
+
+def location_problem(
+    places: list[str], *, record_before: bool, record_after: bool, accepted: bool
+) -> str | None:
+    """What is wrong with one request's places at one sample, or ``None``.
+
+    ``places`` is its entries in the queue's keys (:attr:`Locations.places`);
+    ``record_before`` whether it had a terminal record when the queue's keys were read, and
+    ``record_after`` whether it had one when the result list was read after them (both the
+    same when one script read all). The rule: at most one live copy (pending, claimed,
+    retry), never beside its record or a dead or outbox entry; at most one dead and one
+    outbox entry; an accepted request is somewhere. A record that appeared between the two
+    reads may sit beside a live copy (it was acked in between), and an outbox entry beside
+    its record (pushed, not yet dropped) or its dead entry (a dead-letter record on its way).
+    """
+    live = [p for p in places if p in LIVE_PLACES]
+    dead, outbox = places.count("dead"), places.count("outbox")
+    if len(live) > 1 or dead > 1 or outbox > 1:
+        return "more than one copy"
+    if live:
+        if dead or outbox:
+            return f"{live[0]} and {'dead' if dead else 'outbox'} at once"
+        if record_before:
+            return f"{live[0]} after its record"
+        return None
+    if accepted and not (dead or outbox or record_after):
+        return "nowhere"
+    return None
 
 
 # -- MONITOR -------------------------------------------------------------------------------------
@@ -244,6 +416,10 @@ class Event:
 class Monitor(threading.Thread):
     """Reads ``MONITOR`` from one Redis port until :meth:`stop`; reconnects after a crash.
 
+    Set :attr:`port` to follow a primary elsewhere (after a failover): the next reconnect
+    goes there. A script call whose arguments do not have the layout expected of its name
+    is counted in :attr:`unparsed` and otherwise skipped.
+
     Attributes:
         events: id -> events in server-time order.
         claim_calls: every claim call seen.
@@ -253,12 +429,12 @@ class Monitor(threading.Thread):
             Redis was down then, so there were none, except in the moment of reconnecting).
     """
 
-    def __init__(self, port: int, queue: str, result_list: str, retry_set: str) -> None:
-        super().__init__(name="chaos-monitor", daemon=True)
+    def __init__(self, port: int, keys: ChaosKeys) -> None:
+        super().__init__(name=f"chaos-monitor-{port}", daemon=True)
         self.port = port
-        self.keys = QueueKeys.for_queue(queue)
-        self.result_list = result_list.encode()
-        self.retry_set = retry_set.encode()
+        self.keys = keys
+        self.result_list = keys.results.encode()
+        self.unparsed = 0
         self.events: dict[str, list[Event]] = defaultdict(list)
         self.claim_calls: list[ClaimCall] = []
         self.stale_acks = 0
@@ -384,6 +560,18 @@ class Monitor(threading.Thread):
         self._call = name
         self._call_stale = set()
         self._claim_call = None
+        try:
+            self._pending = (ts, name, *self._items(name, ts, client, args))
+        except (ValueError, IndexError):
+            self.unparsed += 1
+            self._pending = (ts, name, None, [])
+
+    @staticmethod
+    def _items(
+        name: str | None, ts: float, client: str, args: list[bytes]
+    ) -> tuple[ClaimCall | None, list[tuple[str, str]]]:
+        """The poll batch of a claim call, or the (id, token) items of an ack, park or
+        release call, from its EVAL/EVALSHA arguments."""
         numkeys = int(args[2])
         argv = args[3 + numkeys :]
         claim_call = None
@@ -398,7 +586,7 @@ class Monitor(threading.Thread):
             step, start = {"ack": (7, 2), "park": (4, 0), "release": (3, 0)}[name]
             for i in range(start, len(argv) - step + 1, step):
                 items.append((argv[i].decode(), argv[i + 1].decode()))
-        self._pending = (ts, name, claim_call, items)
+        return claim_call, items
 
     def _inner(self, ts: float, args: list[bytes]) -> None:
         cmd = args[0]
@@ -429,6 +617,68 @@ class Monitor(threading.Thread):
             return list(self.events.get(rid, ()))
 
 
+class MonitorSet:
+    """One :class:`Monitor` per node that runs the run's scripts, read as one.
+
+    Standalone and sentinel: one (the primary). Cluster: the queue's primary (claims,
+    reclaims, acks, parks), and the result list's primary when it is another node (its
+    pushes). Events are merged in server-time order (one machine, one clock).
+    """
+
+    def __init__(self, monitors: list[Monitor]) -> None:
+        self.monitors = monitors
+
+    def start(self) -> None:
+        for m in self.monitors:
+            m.start()
+
+    def stop(self) -> None:
+        for m in self.monitors:
+            m.stop()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return all(m.connected.wait(timeout) for m in self.monitors)
+
+    def events_of(self, rid: str) -> list[Event]:
+        if len(self.monitors) == 1:
+            return self.monitors[0].events_of(rid)
+        merged = [e for m in self.monitors for e in m.events_of(rid)]
+        return sorted(merged, key=lambda e: e.time)
+
+    @property
+    def events(self) -> dict[str, list[Event]]:
+        out: dict[str, list[Event]] = defaultdict(list)
+        for m in self.monitors:
+            with m._lock:
+                for rid, evs in m.events.items():
+                    out[rid].extend(evs)
+        return out
+
+    @property
+    def claim_calls(self) -> list[ClaimCall]:
+        return sorted((c for m in self.monitors for c in m.claim_calls), key=lambda c: c.time)
+
+    @property
+    def stale_acks(self) -> int:
+        return sum(m.stale_acks for m in self.monitors)
+
+    @property
+    def stale_pushes(self) -> int:
+        return sum(m.stale_pushes for m in self.monitors)
+
+    @property
+    def stale_push_ids(self) -> list[str]:
+        return [rid for m in self.monitors for rid in m.stale_push_ids]
+
+    @property
+    def gaps(self) -> int:
+        return sum(m.gaps for m in self.monitors)
+
+    @property
+    def unparsed(self) -> int:
+        return sum(m.unparsed for m in self.monitors)
+
+
 def redelivery_of(events: list[Event], token: str, since: float) -> tuple[str, float | None]:
     """What became of a claim (``token``) held at ``since`` by a consumer that was killed then.
 
@@ -452,8 +702,11 @@ def redelivery_of(events: list[Event], token: str, since: float) -> tuple[str, f
                 return "lapsed", ev.time
         elif ev.kind == "claim":
             return "lapsed", ev.time
-        elif ev.kind == "record" and ev.detail == "reclaim":
-            return "dead", ev.time  # max_deliveries reached: dead-lettered with its record
+        elif ev.kind == "record":
+            # Reclaimed, then recorded without a claim in between: dead-lettered
+            # (max_deliveries reached) with its record, pushed by the reclaim (standalone)
+            # or from the outbox on the result list's node (cluster).
+            return "dead", ev.time
     return ("lapsed", None) if reclaimed else ("open", None)
 
 

@@ -118,6 +118,9 @@ class RedisServer:
         binary: server executable; ``None`` means :func:`find_server_binary`.
         extra_args: more ``--name value`` arguments, applied after claimkit's own (so they
             override them).
+        config_file: a configuration file, passed as the first argument (before claimkit's
+            settings, which override it). The server may rewrite it (``CONFIG REWRITE``):
+            ``--sentinel`` refuses to start without one. ``None`` (default): no file.
     """
 
     def __init__(
@@ -128,6 +131,7 @@ class RedisServer:
         aof: AofMode = "off",
         binary: str | None = None,
         extra_args: Sequence[str] = (),
+        config_file: Path | None = None,
     ) -> None:
         if aof not in ("off", "everysec", "always"):
             raise ValueError(f"aof must be 'off', 'everysec' or 'always', got {aof!r}")
@@ -135,6 +139,7 @@ class RedisServer:
             raise ValueError(f"port out of range: {port}")
         self.aof: AofMode = aof
         self.extra_args: tuple[str, ...] = tuple(extra_args)
+        self.config_file = Path(config_file) if config_file is not None else None
         self._port = port
         self._directory = Path(directory) if directory is not None else None
         self._owns_directory = False
@@ -247,7 +252,7 @@ class RedisServer:
 
     def _spawn(self, binary: str, port: int, deadline: float) -> None:
         directory = self.directory
-        args = _server_args(binary, port, directory, self.aof, self.extra_args)
+        args = _server_args(binary, port, directory, self.aof, self.extra_args, self.config_file)
         log_path = directory / LOG_NAME
         with log_path.open("ab") as log:
             log_offset = log.tell()
@@ -392,11 +397,18 @@ class RedisServer:
 
 
 def _server_args(
-    binary: str, port: int, directory: Path, aof: AofMode, extra_args: Sequence[str]
+    binary: str,
+    port: int,
+    directory: Path,
+    aof: AofMode,
+    extra_args: Sequence[str],
+    config_file: Path | None = None,
 ) -> list[str]:
-    """The command line of a private server (claimkit's settings, then ``extra_args``)."""
+    """The command line of a private server (its config file, claimkit's settings, then
+    ``extra_args``)."""
     args = [
         binary,
+        *([str(config_file)] if config_file is not None else []),
         "--port", str(port),
         "--bind", _HOST,
         "--dir", str(directory),
@@ -452,8 +464,12 @@ def _answers(pid: int, port: int, deadline: float) -> bool:
         return False
     fields = dict(line.split(":", 1) for line in info.decode().splitlines() if ":" in line)
     # Another process may already listen on the port we picked: only our PID counts.
-    # PING answers -LOADING until the AOF has been replayed.
-    return fields.get("process_id") == str(pid) and fields.get("loading") == "0" and pong == b"PONG"
+    # PING answers -LOADING until the AOF has been replayed. A sentinel has no data set:
+    # its INFO has no "loading" field.
+    # (Redis says redis_mode:sentinel, Valkey server_mode:sentinel.)
+    sentinel = "sentinel" in (fields.get("redis_mode"), fields.get("server_mode"))
+    loaded = fields.get("loading") == "0" or (sentinel and "loading" not in fields)
+    return fields.get("process_id") == str(pid) and loaded and pong == b"PONG"
 
 
 def _log_tail(path: Path, offset: int) -> str:
