@@ -492,9 +492,7 @@ def test_header_documents_exactly_numkeys_keys(name: str) -> None:
     s = script(name)
     documented = header_keys(s.source)
     assert sorted(documented) == list(range(1, s.numkeys + 1))
-    body = re.sub(
-        r"\A\s*--\[\[.*?\]\]", "", s.source.split("\n", 1)[1], count=1, flags=re.DOTALL
-    )
+    body = re.sub(r"\A\s*--\[\[.*?\]\]", "", s.source.split("\n", 1)[1], count=1, flags=re.DOTALL)
     code = re.sub(r"--[^\n]*", "", body)  # includes' comments name KEYS[i] in general
     used = {int(i) for i in re.findall(r"KEYS\[(\d+)\]", code)}
     assert used == set(range(1, s.numkeys + 1)), f"{name} body uses KEYS{sorted(used)}"

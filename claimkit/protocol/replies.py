@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ClaimCode",
     "InspectClaim",
-    "MoveCode",
     "InspectReply",
+    "MoveCode",
     "ParkCode",
     "PushCode",
     "ReclaimCounts",
