@@ -128,8 +128,16 @@ MOVE_A: list[Arg] = ["a", "ta", "ga", "rl-a", RECORD, MA, "a\x00ta"]
 MOVE_B: list[Arg] = ["b", "tb", "gb", "rl-b", RECORD, MB, "b\x00tb"]
 CDL_A: list[Arg] = [MA, "ga", "a", "a\x00x", "rl-a", RECORD]
 CDL_B: list[Arg] = [MB, "gb", "b", "b\x00x", "rl-b", RECORD]
-RL_TYPES = {RL.results: ("list", "any"), RL.terminal: ("hash", "any"), RL.expiry: ("zset", "any")}
-RL_STRICT = {RL.results: ("list",), RL.terminal: ("hash",), RL.expiry: ("zset",)}
+RL_TYPES: dict[str, tuple[str, ...]] = {
+    RL.results: ("list", "any"),
+    RL.terminal: ("hash", "any"),
+    RL.expiry: ("zset", "any"),
+}
+RL_STRICT: dict[str, tuple[str, ...]] = {
+    RL.results: ("list",),
+    RL.terminal: ("hash",),
+    RL.expiry: ("zset",),
+}
 PUSH_ARGV: list[Arg] = [100, "0", "a", "ga", RECORD, "b", "gb", RECORD]
 WHOLE: tuple[Arg, ...] = ("x", "nan", "", "1.5", "-1")
 
