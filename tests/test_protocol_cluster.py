@@ -33,6 +33,6 @@ globals().update(store_tests(test_protocol))
 @pytest.fixture
 async def store(redis_cluster: RedisCluster) -> AsyncIterator[Store]:
     """A cluster store on an empty cluster keyspace."""
-    async with cluster_store(redis_cluster.urls) as opened:
+    async with cluster_store(redis_cluster) as opened:
         await opened.command("FLUSHALL")
         yield opened
