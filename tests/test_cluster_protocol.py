@@ -25,8 +25,19 @@ import pytest
 import trio
 from cluster import redis_cluster
 from cluster_store import cluster_store, topology
-from support import StoreWrapper, markers, member, reopen, server_now, snapshot, wait_for
+from support import (
+    StoreWrapper,
+    make_config,
+    markers,
+    member,
+    reopen,
+    server_now,
+    snapshot,
+    wait_for,
+)
 
+from claimkit.consumer.consumer import Consumer
+from claimkit.consumer.dispatch import Done, Retry
 from claimkit.consumer.upkeep import Upkeep
 from claimkit.producer import Producer, SubmitError
 from claimkit.protocol.keys import QueueKeys, ResultKeys, key_slot, outbox_field, slot_key
@@ -608,3 +619,59 @@ async def test_untagged_claim_keys_share_the_queues_slot(store: Store) -> None:
         assert {key_slot(k) for k in state} == {key_slot("q")} == {key_slot(slot_key("q"))}
         assert state["{q}:claim-owners"] == {b"r": token.encode()}
         del env
+
+
+# -- the consumer on a cluster -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+async def test_a_consumer_serves_a_cluster_queue_with_one_record_each(
+    store: Store, redis_cluster: RedisCluster, layout: tuple[str, str]
+) -> None:
+    """``Consumer`` on the cluster store: requests submitted by the producer, one of them
+    cancelled, one retried once (parked in the queue's own retry set, moved back by the
+    consumer's mover): one record each in the list, nothing claimed, parked or in the
+    outbox at the end."""
+    queue, results = layout
+    with trio.fail_after(60):
+        producer = Producer(store, queue, result_list=results)
+        now = int(await server_now(store))
+        ids = [f"r{i}" for i in range(12)]
+        await producer.submit_many([{"id": rid, "deadline": now + 600} for rid in ids])
+        assert await producer.cancel("r3")
+        tries: dict[str, int] = {}
+
+        async def handler(q: Any, env: Envelope, server: float) -> Any:
+            tries[env.id] = tries.get(env.id, 0) + 1
+            if env.id == "r5" and tries[env.id] == 1:
+                return Retry(0.05, TerminalRecord.http(env.id, 503, "busy"))
+            return Done(TerminalRecord.http(env.id, 200, f"ok {env.id}"))
+
+        config = make_config(
+            redis_cluster.url,
+            queue=queue,
+            mode="cluster",
+            result_queue_name=results,
+            poll_interval_ms=20,
+            metrics_port=0,
+            health_port=0,
+        )
+        consumer = Consumer(config, store, handler=handler)
+
+        async def all_recorded() -> bool:
+            return int(await store.command("LLEN", results)) >= len(ids)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            await wait_for(all_recorded, "a record for every request")
+            consumer.request_stop()
+        records = [json.loads(r) for r in await store.command("LRANGE", results, 0, -1)]
+        assert sorted(r["id"] for r in records) == sorted(ids)
+        (cancelled,) = [r for r in records if r["id"] == "r3"]
+        assert cancelled["error_code"] == "CANCELLED"
+        assert tries == {rid: (2 if rid == "r5" else 1) for rid in ids if rid != "r3"}
+        k = QueueKeys.for_queue(queue, cluster=True)
+        state = await snapshot(store)
+        assert not {k.pending, k.claimed, k.owners, k.index, k.outbox, k.retry_set} & set(state)
+        s = consumer.summary
+        assert (s.claimed, s.acked, s.retried, s.duplicates_suppressed) == (13, 12, 1, 0)
