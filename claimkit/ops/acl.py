@@ -15,7 +15,6 @@ too (``extra_lists``). See ``docs/security.md``.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -105,7 +104,7 @@ def _queue_keys(queue: str, *, pending_only: bool = False) -> list[str]:
     keys = _keys.QueueKeys.for_queue(queue)
     if pending_only:
         return [keys.pending]
-    return [getattr(keys, f.name) for f in dataclasses.fields(keys)]
+    return list(keys.types())
 
 
 def acl_rule(

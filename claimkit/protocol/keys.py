@@ -1,8 +1,16 @@
-"""Every Redis key name claimkit reads or writes (docs/protocol.md#keys).
+"""Every Redis key name claimkit reads or writes (docs/protocol.md#keys,
+docs/topology.md#cluster-key-layout).
 
-No other module builds a key. A queue name may carry a Redis Cluster hash tag
-(``{tenant-a}:requests``); the derived per-queue keys below are suffixes of it, so they hash
-to the same slot.
+No other module builds a key. Two layouts:
+
+- standalone (and sentinel): the names of docs/protocol.md#keys exactly. A queue name may
+  carry a Redis Cluster hash tag (``{tenant-a}:requests``); the derived per-queue keys are
+  suffixes of it.
+- cluster (``QueueKeys.for_queue(q, cluster=True)``): every private per-queue key is
+  ``slot_key(q) + suffix`` (``{q}:claimed``; a name that already has a hash tag is not
+  wrapped again), so it shares the pending key's slot; the queue has its own outbox and
+  retry set there; each destination list ``L`` keeps its dedup markers in ``L``'s slot
+  (:class:`ResultKeys`). Slots are computed as Redis does (:func:`key_slot`).
 """
 
 from __future__ import annotations
@@ -30,10 +38,81 @@ DEFAULT_LEASE_TTL_SECONDS = 300.0
 PENDING_TYPE = "zset"
 """The Redis ``TYPE`` of a queue key ``<q>``, the pending set (docs/protocol.md#keys)."""
 
+RETRY_SET_TYPE = "zset"
+"""The Redis ``TYPE`` of the retry set and of its dead set (:func:`retry_dead`)."""
+
+CLUSTER_SLOTS = 16384
+"""How many hash slots a Redis Cluster has."""
+
+
+def _crc16_table() -> tuple[int, ...]:
+    table = []
+    for byte in range(256):
+        crc = byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+        table.append(crc & 0xFFFF)
+    return tuple(table)
+
+
+_CRC16 = _crc16_table()
+
+
+def crc16(data: bytes) -> int:
+    """CRC16/XMODEM (polynomial 0x1021, initial value 0) of ``data``: Redis Cluster's key
+    hash."""
+    crc = 0
+    for byte in data:
+        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[((crc >> 8) ^ byte) & 0xFF]
+    return crc
+
+
+def _as_bytes(key: str | bytes) -> bytes:
+    return key if isinstance(key, bytes) else key.encode()
+
+
+def hash_tag(key: str | bytes) -> bytes | None:
+    """The hash tag of ``key`` as Redis Cluster reads it, or ``None`` when it has none.
+
+    The tag is what lies between the first ``{`` and the first ``}`` after it, when that is
+    not empty: ``"{a}b"`` -> ``b"a"``, ``"a{b}{c}"`` -> ``b"b"``, ``"{}a"`` and ``"a{b"``
+    -> ``None``, ``"{{a}}"`` -> ``b"{a"``. ``str`` keys are UTF-8.
+    """
+    data = _as_bytes(key)
+    start = data.find(b"{")
+    if start < 0:
+        return None
+    end = data.find(b"}", start + 1)
+    if end <= start + 1:
+        return None
+    return data[start + 1 : end]
+
+
+def key_slot(key: str | bytes) -> int:
+    """The Redis Cluster hash slot of ``key`` (0-16383), as ``CLUSTER KEYSLOT`` answers:
+    CRC16/XMODEM of its hash tag (:func:`hash_tag`), or of the whole key when it has none,
+    modulo 16384."""
+    tag = hash_tag(key)
+    return crc16(_as_bytes(key) if tag is None else tag) % CLUSTER_SLOTS
+
+
+def slot_key(name: str) -> str:
+    """``name`` itself when it already has a hash tag, else ``"{" + name + "}"``: the prefix
+    of every cluster key derived from ``name``, which therefore hashes to ``name``'s slot
+    (``"q"`` -> ``"{q}"``, ``"{t}:q"`` -> ``"{t}:q"``; docs/topology.md#cluster-key-layout)."""
+    return name if hash_tag(name) is not None else "{" + name + "}"
+
+
+def outbox_field(request_id: str, token: str) -> str:
+    """The ``{q}:outbox`` field of one record on its way to its list: ``<id>\\0<token>``
+    (the ownership token of the claim it finishes; docs/topology.md#cluster-key-layout)."""
+    return f"{request_id}\0{token}"
+
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
-    """The keys of one queue ``<q>`` (docs/protocol.md#keys).
+    """The keys of one queue ``<q>`` (docs/protocol.md#keys,
+    docs/topology.md#cluster-key-layout).
 
     Attributes:
         pending: ZSET of envelopes scored by deadline (Unix seconds).
@@ -42,6 +121,14 @@ class QueueKeys:
         index: ZSET ``<id>`` scored by lease expiry (Unix seconds, Redis server clock).
         deliveries: HASH ``<id>`` -> redelivery count (docs/protocol.md#reclaim).
         dead: ZSET of dead-lettered member bytes scored by the time they died.
+        retry_set: the retry ZSET this queue parks into (docs/protocol.md#park-for-retry):
+            standalone, the shared ``retry_queue_name``; cluster, the queue's own
+            ``{q}:<retry_queue_name>``.
+        retry_dead: where the retry mover puts members of :attr:`retry_set` it cannot
+            route (``<retry set>:dead``).
+        outbox: cluster only (``None`` standalone): HASH ``<id>\\0<token>`` -> a record on
+            its way to a result list of another slot, as cjson
+            ``{"list", "request_token", "record", "id"}``.
     """
 
     pending: str
@@ -50,6 +137,9 @@ class QueueKeys:
     index: str
     deliveries: str
     dead: str
+    retry_set: str = DEFAULT_RETRY_SET
+    retry_dead: str = DEFAULT_RETRY_SET + ":dead"
+    outbox: str | None = None
 
     TYPES: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("pending", PENDING_TYPE, "queue key"),
@@ -62,24 +152,102 @@ class QueueKeys:
     """The one table of what each per-queue key holds (docs/protocol.md#keys):
     ``(attribute, Redis TYPE name, what the key is in one-line errors)``, in key order."""
 
+    CLUSTER_TYPES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("outbox", "hash", "outbox hash"),
+        ("retry_set", RETRY_SET_TYPE, "retry set"),
+        ("retry_dead", RETRY_SET_TYPE, "retry dead set"),
+    )
+    """What the cluster layout adds to :attr:`TYPES`, per queue
+    (docs/topology.md#cluster-key-layout)."""
+
+    @property
+    def cluster(self) -> bool:
+        """Whether these are the cluster layout's names."""
+        return self.outbox is not None
+
+    def _table(self) -> tuple[tuple[str, str, str], ...]:
+        return self.TYPES + self.CLUSTER_TYPES if self.cluster else self.TYPES
+
     def types(self) -> dict[str, str]:
-        """The Redis ``TYPE`` of each of these keys, by key name (``{"q": "zset", ...}``)."""
+        """The Redis ``TYPE`` of each of these keys, by key name (``{"q": "zset", ...}``):
+        the six of :attr:`TYPES`, and in the cluster layout the queue's outbox and retry
+        sets too (the shared standalone retry set is not one queue's key)."""
+        return {getattr(self, attr): kind for attr, kind, _what in self._table()}
+
+    def described(self) -> list[tuple[str, str, str]]:
+        """``(key name, Redis TYPE name, what it is)`` for each key of :meth:`types`, in key
+        order: ``("q:claimed", "hash", "claimed hash")``."""
+        return [(getattr(self, attr), kind, what) for attr, kind, what in self._table()]
+
+    @classmethod
+    def for_queue(
+        cls, queue: str, *, cluster: bool = False, retry_set: str = DEFAULT_RETRY_SET
+    ) -> QueueKeys:
+        """The keys of ``queue``: standalone, ``<q>:claimed`` etc. and the shared
+        ``retry_set``; with ``cluster``, ``slot_key(q) + suffix`` for each private key,
+        the outbox ``{q}:outbox`` and the queue's own ``{q}:<retry_set>``
+        (docs/topology.md#cluster-key-layout). The pending key is ``queue`` either way."""
+        base = slot_key(queue) if cluster else queue
+        retry = f"{base}:{retry_set}" if cluster else retry_set
+        return cls(
+            pending=queue,
+            claimed=f"{base}:claimed",
+            owners=f"{base}:claim-owners",
+            index=f"{base}:claims-idx",
+            deliveries=f"{base}:deliveries",
+            dead=f"{base}:dead",
+            retry_set=retry,
+            retry_dead=retry_dead(retry),
+            outbox=f"{base}:outbox" if cluster else None,
+        )
+
+
+RESULT_TERMINAL_HASH_SUFFIX = ":result-terminal"
+RESULT_TERMINAL_EXPIRY_SUFFIX = ":result-terminal-expiry"
+
+
+@dataclass(frozen=True, slots=True)
+class ResultKeys:
+    """A destination list and, in the cluster layout, its dedup markers, all in the list's
+    slot (docs/topology.md#cluster-key-layout).
+
+    Attributes:
+        results: the result LIST ``L`` (its name unchanged).
+        terminal: HASH ``{L}:result-terminal``: ``<id>`` -> the request's
+            ``request_token``, or ``"1"`` when it has none (standalone's
+            ``result-terminal:<id>`` value rule).
+        expiry: ZSET ``{L}:result-terminal-expiry``: ``<id>`` scored by when its marker
+            expires (Unix seconds, server clock); no entry when markers never expire
+            (``result_dedup_ttl_seconds`` = 0). A marker whose expiry passed is absent.
+    """
+
+    results: str
+    terminal: str
+    expiry: str
+
+    TYPES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("results", "list", "result list"),
+        ("terminal", "hash", "result-terminal hash"),
+        ("expiry", "zset", "result-terminal expiry set"),
+    )
+    """``(attribute, Redis TYPE name, what the key is in one-line errors)``, in key order."""
+
+    def types(self) -> dict[str, str]:
+        """The Redis ``TYPE`` of each of these keys, by key name."""
         return {getattr(self, attr): kind for attr, kind, _what in self.TYPES}
 
     def described(self) -> list[tuple[str, str, str]]:
-        """``(key name, Redis TYPE name, what it is)`` for each of these keys, in key order:
-        ``("q:claimed", "hash", "claimed hash")``."""
+        """``(key name, Redis TYPE name, what it is)`` for each of these keys, in key order."""
         return [(getattr(self, attr), kind, what) for attr, kind, what in self.TYPES]
 
     @classmethod
-    def for_queue(cls, queue: str) -> QueueKeys:
+    def for_list(cls, name: str) -> ResultKeys:
+        """The keys of destination list ``name``: ``slot_key(name)`` + the two suffixes."""
+        base = slot_key(name)
         return cls(
-            pending=queue,
-            claimed=f"{queue}:claimed",
-            owners=f"{queue}:claim-owners",
-            index=f"{queue}:claims-idx",
-            deliveries=f"{queue}:deliveries",
-            dead=f"{queue}:dead",
+            results=name,
+            terminal=base + RESULT_TERMINAL_HASH_SUFFIX,
+            expiry=base + RESULT_TERMINAL_EXPIRY_SUFFIX,
         )
 
 
@@ -122,9 +290,6 @@ def retry_dead(retry_set: str) -> str:
     return retry_set + ":dead"
 
 
-RETRY_SET_TYPE = "zset"
-"""The Redis ``TYPE`` of the retry set and of its dead set (:func:`retry_dead`)."""
-
 RESULT_LIST_TYPE = "list"
 """The Redis ``TYPE`` of a result list (docs/protocol.md#keys)."""
 
@@ -132,9 +297,12 @@ GATE_BUDGET_TYPE = "string"
 """The Redis ``TYPE`` of a ``redis`` gate's budget key (docs/configuration.md)."""
 
 
-def reserved_keys(queues: Iterable[str], retry_set: str) -> frozenset[str]:
+def reserved_keys(
+    queues: Iterable[str], retry_set: str, *, cluster: bool = False
+) -> frozenset[str]:
     """The keys claimkit keeps as something other than a result list, for ``queues`` and
-    ``retry_set``: every per-queue key (:class:`QueueKeys`) and both retry sets.
+    ``retry_set``: every per-queue key (:class:`QueueKeys`, in the cluster layout when
+    ``cluster``: outbox and per-queue retry sets included) and both shared retry sets.
 
     A request's ``internal.result_queue_name`` must not name one of these, nor a key with
     one of the per-request prefixes (:func:`is_reserved`): while such a key is empty it does
@@ -143,7 +311,7 @@ def reserved_keys(queues: Iterable[str], retry_set: str) -> frozenset[str]:
     """
     out = {retry_set, retry_dead(retry_set)}
     for queue in queues:
-        out.update(QueueKeys.for_queue(queue).types())
+        out.update(QueueKeys.for_queue(queue, cluster=cluster, retry_set=retry_set).types())
     return frozenset(out)
 
 

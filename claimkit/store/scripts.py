@@ -6,6 +6,17 @@ Scripts ship inside the wheel as ``claimkit/lua/*.lua`` (from the repository's t
 an include, pasted in where a script says ``-- @include _name``. Stores run a script with
 EVALSHA and load it on NOSCRIPT, so a Redis restart or ``SCRIPT FLUSH`` costs one extra
 round trip, never an error.
+
+Every script's source starts with a shebang line, in every topology: :data:`SHEBANG`
+(``#!lua``, no flags), or ``#!lua flags=no-writes`` for a read-only script whose file has
+the line ``-- @flags no-writes``. With a shebang a Redis Cluster node refuses a script that
+touches a key of another slot than its declared keys' (a script without one is let through
+for backward compatibility), so no script can write one slot and then fail on another
+(docs/topology.md#cluster-key-layout). Redis 7.0 or later (Valkey 7.2 or later) reads the
+line. On a standalone server a script runs as it did without it, but for one thing: while
+Redis is over ``maxmemory`` a script that may write is refused before it runs at all
+(Redis's ``deny-oom`` default), where one without a shebang was refused at its first
+write; either way nothing is written. A ``no-writes`` script still runs then.
 """
 
 from __future__ import annotations
@@ -21,10 +32,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["Script", "ScriptError", "all_scripts", "script"]
+__all__ = ["SHEBANG", "Script", "ScriptError", "all_scripts", "script"]
+
+SHEBANG = "#!lua\n"
+"""The first line of every script's source: Lua, no flags (Redis 7 ``EVAL`` shebang)."""
 
 _NAME = re.compile(r"^(?P<verb>[a-z-]+)-(?P<numkeys>\d+)\.lua$")
 _INCLUDE = re.compile(r"^-- @include (?P<name>_[a-z-]+)\s*$", re.MULTILINE)
+_FLAGS = re.compile(r"^-- @flags (?P<flags>[a-z-]+(?:,[a-z-]+)*)\s*$", re.MULTILINE)
+_KNOWN_FLAGS = frozenset({"no-writes", "allow-oom", "allow-stale", "no-cluster"})
 
 
 class ScriptError(RuntimeError):
@@ -38,11 +54,14 @@ class Script:
     Attributes:
         name: the verb, e.g. ``"claim"``.
         numkeys: how many ``KEYS`` the script declares (from its file name).
-        source: the full Lua text with includes resolved.
+        source: the full Lua text sent to Redis: its shebang line (:data:`SHEBANG`, or
+            ``#!lua flags=...`` for a file with a ``-- @flags`` line), then the file with its
+            includes resolved.
         sha1: the hex SHA1 Redis knows the script by.
-        writes: whether the script may write: every script but those whose header's first
-            line calls them read-only (``inspect``). With ``wait_replicas`` set, a call of a
-            writing script is followed by ``WAIT`` (docs/topology.md#failover).
+        writes: whether the script may write: every script but those flagged
+            ``-- @flags no-writes`` (``inspect``, ``cancelled``), the one copy of that fact,
+            which Redis also enforces. With ``wait_replicas`` set, a call of a writing script
+            is followed by ``WAIT`` (docs/topology.md#failover).
     """
 
     name: str
@@ -91,14 +110,24 @@ def _resolve(text: str, folder: Path, pasted: set[str], seen: tuple[str, ...] = 
     return _INCLUDE.sub(paste, text)
 
 
-def _writes(source: str) -> bool:
-    """Whether a script may write: not when the first line of its header (the line after
-    the first ``--[[``: its purpose) says it is read-only. A shebang line may come first."""
-    lines = [line.strip() for line in source.splitlines() if line.strip()]
-    opening = next((i for i, line in enumerate(lines) if line.startswith("--[[")), None)
-    if opening is None or opening + 1 >= len(lines):
-        return True
-    return "read-only" not in lines[opening + 1].lower()
+def _flags(name: str, text: str) -> tuple[str, ...]:
+    """The Redis script flags the file ``text`` names on its ``-- @flags`` line (at most
+    one such line, Redis's flag names only); none when it has no such line."""
+    found = _FLAGS.findall(text)
+    if not found:
+        return ()
+    if len(found) > 1:
+        raise ScriptError(f"{name}: more than one -- @flags line")
+    flags = tuple(found[0].split(","))
+    unknown = sorted(set(flags) - _KNOWN_FLAGS)
+    if unknown:
+        raise ScriptError(f"{name}: unknown script flag {unknown[0]!r}")
+    return flags
+
+
+def _shebang(flags: tuple[str, ...]) -> str:
+    """The shebang line of a script with ``flags``: :data:`SHEBANG`, or ``#!lua flags=...``."""
+    return f"#!lua flags={','.join(flags)}\n" if flags else SHEBANG
 
 
 @cache
@@ -112,10 +141,13 @@ def all_scripts() -> dict[str, Script]:
         match = _NAME.match(path.name)
         if match is None:
             raise ScriptError(f"{path.name}: a script is named <verb>-<numkeys>.lua")
-        source = _resolve(path.read_text(encoding="utf-8"), folder, set())
+        text = path.read_text(encoding="utf-8")
+        flags = _flags(path.name, text)
+        source = _shebang(flags) + _resolve(text, folder, set())
         sha1 = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
         verb = match.group("verb")
-        found[verb] = Script(verb, int(match.group("numkeys")), source, sha1, _writes(source))
+        writes = "no-writes" not in flags
+        found[verb] = Script(verb, int(match.group("numkeys")), source, sha1, writes)
     return found
 
 
