@@ -146,3 +146,25 @@ def test_inspect_in_standalone_mode_refuses_a_cluster_node_in_one_line(
     result = invoke(["inspect", "-q", Q, "--transport-config", config])
     one_line_error(result, refusal(url).removeprefix("claimkit: ").rstrip("\n"))
     assert sum(redis_cluster.dbsizes()) == 0
+
+
+@pytest.mark.parametrize(
+    ("version", "old"),
+    [
+        ("6.2.14", True),
+        ("6.0.0", True),
+        ("7.0.15", False),
+        ("7.2.4", False),
+        ("8.1.8", False),
+        ("", False),
+        ("x.y", False),
+    ],
+)
+def test_a_server_older_than_redis_7_is_too_old(version: str, old: bool) -> None:
+    from claimkit.store.server_checks import ServerTooOld, too_old
+
+    assert too_old(version) is old
+    assert str(ServerTooOld.for_url("redis://h:1/0", "6.2.14")) == (
+        "Redis at redis://h:1/0 is version 6.2.14: claimkit needs Redis 7.0 or later, or "
+        "Valkey 7.2 or later (docs/compatibility.md#sharing-queues)"
+    )

@@ -31,8 +31,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLUSTER_REPLIES",
+    "MIN_REDIS_VERSION",
     "ClusterUnsupported",
     "NotACluster",
+    "ServerTooOld",
     "StandaloneOnly",
     "eviction_policy",
     "info_fields",
@@ -57,6 +59,33 @@ class ClusterUnsupported(StoreError):
             f'Redis at {url} is a Redis Cluster node ({how}): set "mode": "cluster" in '
             "the transport config to use it (docs/topology.md#configuration)"
         )
+
+
+MIN_REDIS_VERSION = (7, 0)
+"""The oldest server claimkit's scripts run on (``INFO``'s ``redis_version``; Valkey 7.2 and
+later report 7.2 there): every script starts with a ``#!lua`` line (docs/compatibility.md)."""
+
+
+class ServerTooOld(StoreError):
+    """The server is older than :data:`MIN_REDIS_VERSION`; nothing was written.
+    ``str(err)`` is one line: the URL (password masked), the version, what claimkit needs."""
+
+    @classmethod
+    def for_url(cls, url: str, version: str) -> ServerTooOld:
+        return cls(
+            f"Redis at {url} is version {version}: claimkit needs Redis 7.0 or later, or "
+            "Valkey 7.2 or later (docs/compatibility.md#sharing-queues)"
+        )
+
+
+def too_old(version: str) -> bool:
+    """Whether ``redis_version`` (``"6.2.14"``) is older than :data:`MIN_REDIS_VERSION`;
+    ``False`` for a version that cannot be read."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) < MIN_REDIS_VERSION
 
 
 class NotACluster(StoreError):
@@ -95,7 +124,8 @@ class StandaloneOnly:
     """A :class:`~claimkit.store.Store` that refuses to talk to a Redis Cluster node.
 
     The first call (of any method) first runs ``INFO``; ``cluster_enabled:1`` raises
-    :class:`ClusterUnsupported` before that call is sent, and so does every later call.
+    :class:`ClusterUnsupported` before that call is sent, and so does every later call; a
+    server older than Redis 7.0 raises :class:`ServerTooOld` the same way.
     When Redis is unreachable the check is tried again on the next call. When ``INFO`` is
     refused (an ACL without ``+info``) claimkit says so once and carries on; a cluster's
     ``MOVED``/``ASK``/``CLUSTERDOWN``/``CROSSSLOT``/``TRYAGAIN`` reply is still refused.
@@ -110,7 +140,7 @@ class StandaloneOnly:
         self.mode = inner.mode
         self.info: dict[str, str] | None = None
         self._checked = False
-        self._refusal: ClusterUnsupported | None = None
+        self._refusal: StoreError | None = None
         self._checked_at = self.topology_changes
 
     def __getattr__(self, name: str) -> Any:
@@ -152,6 +182,10 @@ class StandaloneOnly:
         self._checked = True
         if info.get("cluster_enabled") == "1":
             self._refusal = ClusterUnsupported.for_url(self.url, "INFO says cluster_enabled:1")
+            raise self._refusal
+        version = info.get("redis_version", "")
+        if too_old(version):
+            self._refusal = ServerTooOld.for_url(self.url, version)
             raise self._refusal
         self.info = info
 
