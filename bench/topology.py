@@ -81,12 +81,20 @@ async def _drive(
         async def loop(n_each: int) -> None:
             done = 0
             while done < n_each:
-                envs = [e for e in map(parse_member, await ops.peek(batch)) if isinstance(e, Envelope)]
+                envs = [
+                    e for e in map(parse_member, await ops.peek(batch)) if isinstance(e, Envelope)
+                ]
                 pairs = [(e, new_token()) for e in envs]
                 _now, codes = await ops.claim(pairs, 300)
                 items = [
-                    AckItem(e.id, tok, e.request_token, result_list,
-                            b'{"id":"%s","status_code":200,"payload":"{}"}' % e.id.encode(), e.raw)
+                    AckItem(
+                        e.id,
+                        tok,
+                        e.request_token,
+                        result_list,
+                        b'{"id":"%s","status_code":200,"payload":"{}"}' % e.id.encode(),
+                        e.raw,
+                    )
                     for (e, tok), c in zip(pairs, codes, strict=True)
                     if c == 1
                 ]
@@ -105,6 +113,16 @@ async def _drive(
         return seconds
 
 
+def _until_synced(port: int, timeout: float = 20.0) -> None:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        (info,) = call(port, [["INFO", "replication"]], 5.0)
+        if b"master_link_status:up" in (info if isinstance(info, bytes) else b""):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"the replica on port {port} did not sync within {timeout} s")
+
+
 SETUPS = ("standalone", "standalone-wait1", "cluster-tagged", "cluster-cross-slot")
 
 
@@ -119,13 +137,15 @@ def run_setup(name: str, n: int, loops: int, batch: int) -> dict[str, Any]:
                     RedisServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
                 )
                 ports.append(replica.port)
+                _until_synced(replica.port)
                 wait = 1
             url, topology, queue, rlist = primary.url, Topology(), "q", "result-list"
         else:
             cluster = stack.enter_context(RedisClusterProcesses(masters=3, replicas=1))
             ports = [node.port for node in cluster.nodes]
             url, topology = cluster.urls[0], Topology(mode="cluster")
-            queue, rlist = ("{t}:q", "{t}:results") if name == "cluster-tagged" else ("q", "result-list")
+            tagged = name == "cluster-tagged"
+            queue, rlist = ("{t}:q", "{t}:results") if tagged else ("q", "result-list")
         cpu0 = sum(_cpu(p) for p in ports)
         seconds = trio.run(_drive, url, topology, queue, rlist, n, loops, batch, wait)
         cpu = sum(_cpu(p) for p in ports) - cpu0
