@@ -87,7 +87,7 @@ def drain(
             )
         return report, None
 
-    report, snap = with_store(config, go, key_types=target.key_types())
+    report, snap = with_store(config, go, key_types=target.key_types)
     if snap is not None and snap.claims:
         title = (
             f"claims that would go back to pending: the first {len(snap.claims)}, "

@@ -157,7 +157,7 @@ def inspect_queue(
                 store,
                 queue,
                 console=out,
-                key_types=target.key_types(),
+                key_types=target.key_types(store),
                 result_lists=target.result_lists,
                 retry_set=config.retry_queue_name,
                 limit=limit,
@@ -177,7 +177,7 @@ def inspect_queue(
         )
         return snap, store.url
 
-    snap, url = with_store(config, once, key_types=target.key_types())
+    snap, url = with_store(config, once, key_types=target.key_types)
 
     def view() -> RenderableType:
         from claimkit.cli.console import snapshot_view

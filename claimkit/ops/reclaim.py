@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from claimkit.ops.inspect import check_key_types, queue_key_types
+from claimkit.ops.inspect import check_key_types, cluster_layout, queue_key_types
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -21,7 +21,9 @@ async def reclaim_all(store: Store, config: Config) -> dict[str, ReclaimCounts]:
     """Redeliver (or dead-letter) every expired claim of every queue of ``config``, with
     full scans until none is left; returns the counts by queue name, in config order.
 
-    Every queue's key types are checked before any script runs.
+    Every queue's key types are checked before any script runs, in the store's key layout
+    (on a Redis Cluster the queue's outbox and retry sets too,
+    docs/topology.md#cluster-key-layout).
 
     Raises:
         WrongKeyType: a key holds another Redis type; nothing was changed.
@@ -29,9 +31,12 @@ async def reclaim_all(store: Store, config: Config) -> dict[str, ReclaimCounts]:
 
     Cancellation: the queues already reclaimed stay reclaimed; each script call is atomic.
     """
+    cluster = cluster_layout(store)
     types: dict[str, str] = {}
     for q in config.queues:
-        types.update(queue_key_types(q.queue_name))
+        types.update(
+            queue_key_types(q.queue_name, cluster=cluster, retry_set=config.retry_queue_name)
+        )
     await check_key_types(store, types)
     out: dict[str, ReclaimCounts] = {}
     for q in config.queues:
