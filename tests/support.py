@@ -246,6 +246,7 @@ class StoreWrapper:
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.url = inner.url
+        self.mode = inner.mode
 
     async def command(self, *args: Arg) -> Any:
         return await self.inner.command(*args)

@@ -1,8 +1,8 @@
-"""Every command refuses a Redis Cluster in one line and writes nothing (issue 8, defect 14).
+"""Every command refuses a Redis Cluster in one line and writes nothing when the config
+does not say ``"mode": "cluster"`` (issue 8, defect 14; docs/topology.md#configuration).
 
-Until claimkit supports Redis Cluster, a cluster node is detected before the first command
-(``INFO``: ``cluster_enabled:1``) or from a cluster reply (``MOVED`` and kin), against a
-real 3-master cluster (:mod:`cluster`).
+A cluster node is detected before the first command (``INFO``: ``cluster_enabled:1``) or
+from a cluster reply (``MOVED`` and kin), against a real cluster (:mod:`cluster`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import trio
 from cluster import RedisCluster, redis_cluster
-from support import config_json
+from support import config_json, do, invoke, one_line_error
 from typer.testing import CliRunner
 
 from claimkit.cli.app import app
@@ -25,9 +25,8 @@ Q = "requests"
 
 def refusal(url: str, how: str = "INFO says cluster_enabled:1") -> str:
     return (
-        f"claimkit: Redis at {url} is a Redis Cluster node ({how}): claimkit does not "
-        "support Redis Cluster yet; point it at a standalone Redis or Valkey "
-        '(docs/operations.md, "Redis Cluster")\n'
+        f'claimkit: Redis at {url} is a Redis Cluster node ({how}): set "mode": "cluster" '
+        "in the transport config to use it (docs/topology.md#configuration)\n"
     )
 
 
@@ -125,3 +124,25 @@ async def test_the_redispy_store_refuses_a_cluster_too(redis_cluster: RedisClust
             expected = refusal(shown, f"it answered {moved}").removeprefix("claimkit: ")
             assert str(info.value) + "\n" == expected
     assert redis_cluster.dbsizes() == [0, 0, 0]
+
+
+def test_inspect_in_cluster_mode_refuses_a_standalone_server_in_one_line(redis_url: str) -> None:
+    config = config_json(redis_url, queue=Q, mode="cluster")
+    result = invoke(["inspect", "-q", Q, "--transport-config", config])
+    one_line_error(
+        result,
+        f"Redis at {redis_url} is not a Redis Cluster node (it answered This instance has "
+        'cluster support disabled): set "mode": "standalone" in the transport config, or '
+        "point url at a cluster node (docs/topology.md#configuration)",
+    )
+    assert do(redis_url, ("DBSIZE",)) == [0]
+
+
+def test_inspect_in_standalone_mode_refuses_a_cluster_node_in_one_line(
+    redis_cluster: RedisCluster,
+) -> None:
+    url = redis_cluster.url
+    config = config_json(url, queue=Q, mode="standalone")
+    result = invoke(["inspect", "-q", Q, "--transport-config", config])
+    one_line_error(result, refusal(url).removeprefix("claimkit: ").rstrip("\n"))
+    assert sum(redis_cluster.dbsizes()) == 0

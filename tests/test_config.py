@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from claimkit.config import Config, ConfigError, load_config
+from claimkit.store.topology import Topology
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -259,3 +260,82 @@ def test_passwords_are_masked(text: str, shown: str) -> None:
     from claimkit.store import redact_url
 
     assert redact_url(text) == shown
+
+
+# -- topology (docs/topology.md#configuration) -------------------------------------------------
+
+
+def test_topology_defaults_to_standalone_without_waiting() -> None:
+    c = load({"queues": [QUEUE]})
+    assert (c.mode, c.addrs, c.master_name, c.wait_replicas, c.wait_timeout_ms) == (
+        "standalone",
+        (),
+        None,
+        0,
+        1000,
+    )
+    assert c.topology == Topology()
+
+
+def test_cluster_and_sentinel_topologies_are_read() -> None:
+    c = load({"queues": [QUEUE], "mode": "cluster", "addrs": ["h2:7001", "[::1]:7002"]})
+    assert c.topology == Topology("cluster", ("h2:7001", "[::1]:7002"), None)
+    assert c.topology.seeds("redis://h1:7000/0") == [("h1", 7000), ("h2", 7001), ("::1", 7002)]
+    c = load(
+        {
+            "queues": [QUEUE],
+            "url": "redis://:pw@s1:26379/2",
+            "mode": "sentinel",
+            "addrs": ["s2:26379"],
+            "master_name": "mymaster",
+            "wait_replicas": 1,
+            "wait_timeout_ms": 250,
+        }
+    )
+    assert c.topology == Topology("sentinel", ("s2:26379",), "mymaster")
+    assert (c.wait_replicas, c.wait_timeout_ms) == (1, 250)
+    # 0 means the default for the timeout (WAIT 0 would block for ever), 0 for the replicas.
+    c = load({"queues": [QUEUE], "wait_replicas": 0, "wait_timeout_ms": 0})
+    assert (c.wait_replicas, c.wait_timeout_ms) == (0, 1000)
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"addrs": ["h:1"]}, 'addrs requires mode "cluster" or "sentinel"'),
+        ({"mode": "standalone", "addrs": ["h:1"]}, 'addrs requires mode "cluster" or "sentinel"'),
+        ({"master_name": "m"}, 'master_name requires mode "sentinel"'),
+        ({"mode": "cluster", "master_name": "m"}, 'master_name requires mode "sentinel"'),
+        ({"mode": "sentinel"}, 'master_name is required when mode is "sentinel"'),
+        (
+            {"mode": "sentinel", "master_name": ""},
+            'master_name is required when mode is "sentinel"',
+        ),
+        ({"mode": "x"}, 'unknown mode "x" (expected "standalone", "cluster" or "sentinel")'),
+        (
+            {"mode": "cluster", "url": "redis://h:7000/3"},
+            'mode "cluster" does not support selecting database 3; use database 0 in url',
+        ),
+        (
+            {"mode": "cluster", "url": "redis://h:7000?db=2"},
+            'mode "cluster" does not support selecting database 2; use database 0 in url',
+        ),
+        ({"mode": 1}, "mode must be a string, got 1"),
+        ({"mode": "cluster", "addrs": "h:1"}, 'addrs must be a list of "host:port" strings'),
+        ({"mode": "cluster", "addrs": [7000]}, 'addrs must be a list of "host:port" strings'),
+        ({"mode": "cluster", "addrs": ["h"]}, 'addrs entry "h" must be "host:port"'),
+        ({"mode": "cluster", "addrs": ["h:0"]}, 'addrs entry "h:0" must be "host:port"'),
+        ({"mode": "sentinel", "master_name": 3}, "master_name must be a non-empty string"),
+        ({"wait_replicas": -1}, "wait_replicas must be non-negative"),
+        ({"wait_timeout_ms": "1s"}, 'wait_timeout_ms must be a number, got "1s"'),
+    ],
+)
+def test_topology_errors_are_upstreams_lines(doc: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"queues": [QUEUE], **doc})
+    assert str(info.value) == message
+
+
+def test_a_cluster_on_database_0_is_fine() -> None:
+    for url in ("redis://h:7000", "redis://h:7000/0", "redis://h:7000/"):
+        assert load({"queues": [QUEUE], "mode": "cluster", "url": url}).mode == "cluster"

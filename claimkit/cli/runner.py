@@ -82,7 +82,12 @@ def _in_store(
     config: Config, fn: Callable[[Store], Awaitable[T]], key_types: KeyTypes | None
 ) -> Callable[[], Awaitable[T]]:
     async def go() -> T:
-        async with open_store(config.url) as store:
+        async with open_store(
+            config.url,
+            topology=config.topology,
+            wait_replicas=config.wait_replicas,
+            wait_timeout_ms=config.wait_timeout_ms,
+        ) as store:
             if key_types is not None:
                 from claimkit.ops.inspect import check_key_types
 

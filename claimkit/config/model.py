@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from claimkit._errors import ConfigError
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.ops import QueueOps
+from claimkit.store.topology import Topology
 
 if TYPE_CHECKING:
     from claimkit.store import Store
@@ -74,8 +75,24 @@ class Config:
     """The IP address the metrics and health servers bind (docs/operations.md)."""
     http_idle_timeout_seconds: float = 5.0
     http_max_connections: int = 512
+    mode: str = "standalone"
+    """``standalone``, ``cluster`` or ``sentinel`` (docs/topology.md#configuration)."""
+    addrs: tuple[str, ...] = ()
+    """More ``host:port`` seed nodes (cluster) or sentinels (sentinel) after ``url``'s."""
+    master_name: str | None = None
+    """The name the sentinels know the primary by (sentinel only)."""
+    wait_replicas: int = 0
+    """Replicas each claim, ack, release, park and reclaim waits for (``WAIT``); 0: off
+    (docs/topology.md#failover)."""
+    wait_timeout_ms: int = 1000
+    """Milliseconds that ``WAIT`` may block before the call counts as failed."""
     unknown_fields: tuple[str, ...] = ()
     """Fields of the JSON claimkit does not know (ignored; the CLI warns about each)."""
+
+    @property
+    def topology(self) -> Topology:
+        """:attr:`mode`, :attr:`addrs` and :attr:`master_name`, as ``open_store`` takes them."""
+        return Topology(self.mode, self.addrs, self.master_name)
 
     @property
     def heartbeat_interval_seconds(self) -> float:

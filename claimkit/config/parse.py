@@ -24,6 +24,7 @@ from claimkit._errors import ConfigError
 from claimkit.config.gate_params import GATE_TYPES, check_gate_address, check_gate_params
 from claimkit.config.model import DEFAULT_MAX_DELIVERIES, MAX_NUMBER, Config, QueueConfig
 from claimkit.protocol import keys as _keys
+from claimkit.store.topology import Topology
 from claimkit.store.urls import check_url
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ _NUMERIC: dict[str, tuple[type, float]] = {
     "health_port": (int, 8081),
     "http_idle_timeout_seconds": (float, 5.0),
     "http_max_connections": (int, 512),
+    "wait_replicas": (int, 0),
+    "wait_timeout_ms": (int, 1000),
 }
 # docs/configuration.md says 0 means the default, but four fields give 0 a meaning of its
 # own: unlimited deliveries (docs/protocol.md#reclaim), a dedup marker with no TTL
@@ -63,6 +66,9 @@ _TOP_LEVEL = {
     "retry_queue_name",
     "queues",
     "http_host",
+    "mode",
+    "addrs",
+    "master_name",
     *_NUMERIC,
 }
 _QUEUE_FIELDS = {
@@ -268,6 +274,7 @@ def load_config(
     env = os.environ if environ is None else environ
     url = _redis_url(raw, merged, env)
     values = _values(merged)
+    values.update(_topology(merged, url))
     queues = _queues(merged, url, require_queues=require_queues)
     return Config(url=url, queues=queues, unknown_fields=tuple(unknown), **values)
 
@@ -340,6 +347,22 @@ def _values(merged: dict[str, Any]) -> dict[str, Any]:
     if "http_host" in merged:
         values["http_host"] = _ip_address("http_host", merged["http_host"])
     return values
+
+
+def _topology(merged: dict[str, Any], url: str) -> dict[str, Any]:
+    """``mode``, ``addrs`` and ``master_name``, each checked, then checked together and
+    against ``url``'s database, in llm-d-async's words (docs/topology.md#configuration)."""
+    mode = merged.get("mode", "standalone")
+    if not isinstance(mode, str):
+        raise ConfigError(f"mode must be a string, got {json.dumps(mode)}")
+    mode = mode or "standalone"
+    addrs = merged.get("addrs", [])
+    if not isinstance(addrs, list) or not all(isinstance(a, str) for a in addrs):
+        raise ConfigError('addrs must be a list of "host:port" strings')
+    master_name = _string("master_name", merged.get("master_name")) or None
+    topology = Topology(mode, tuple(addrs), master_name)
+    topology.validate(url)
+    return {"mode": mode, "addrs": tuple(addrs), "master_name": master_name}
 
 
 def _queues(merged: dict[str, Any], url: str, *, require_queues: bool) -> tuple[QueueConfig, ...]:

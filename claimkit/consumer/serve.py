@@ -181,7 +181,13 @@ async def serve_forever(
 async def _serve(
     config: Config, backend: str, early: _EarlySignals, allow_eviction: bool = False
 ) -> Summary:
-    async with open_store(config.url, backend=backend) as store:
+    async with open_store(
+        config.url,
+        backend=backend,
+        topology=config.topology,
+        wait_replicas=config.wait_replicas,
+        wait_timeout_ms=config.wait_timeout_ms,
+    ) as store:
         await _preflight(store, config, allow_eviction=allow_eviction)
         try:
             consumer = Consumer(config, store)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import coredis
@@ -21,7 +22,7 @@ from claimkit.store.interface import (
     StoreUnavailable,
 )
 from claimkit.store.redact import redact_url
-from claimkit.store.script_calls import run_pipelined
+from claimkit.store.script_calls import NO_WAIT, ReplicaWait, run_pipelined
 from claimkit.store.tls import tls_file_error, tls_problem
 
 if TYPE_CHECKING:
@@ -41,10 +42,22 @@ def _message(exc: BaseException) -> str:
     return _with_cluster_code(exc, text)
 
 
-def _translate(exc: BaseException, url: str = "") -> BaseException:
+def _translate(exc: BaseException, url: str = "", *, cluster: bool = False) -> BaseException:
     """A coredis error as :class:`StoreUnavailable` or :class:`StoreError`; others as is.
 
-    ``url`` (the store's) lets a connection error name a TLS file of it that fails to load."""
+    ``url`` (the store's) lets a connection error name a TLS file of it that fails to load.
+    With ``cluster`` (a cluster store's call), the replies of a cluster that is moving
+    (``CLUSTERDOWN``, ``TRYAGAIN``, redirections left over, a layout that cannot be read)
+    are :class:`StoreUnavailable`: retrying later helps. ``CROSSSLOT`` stays a
+    :class:`StoreError`. A ``WAIT`` that fell short (coredis's ``ReplicationError``) is
+    :class:`StoreUnavailable` in every mode (docs/topology.md#failover)."""
+    if isinstance(exc, StoreError | StoreUnavailable):
+        return exc  # claimkit's own (a WAIT that fell short): already one line
+    if isinstance(exc, cx.ReplicationError | cx.PrimaryNotFoundError | cx.StalePrimaryError):
+        # A WAIT that fell short; the sentinels naming no primary, or one that is not.
+        return StoreUnavailable(str(exc))
+    if cluster and isinstance(exc, _CLUSTER_MOVING) and not isinstance(exc, _CROSSSLOT):
+        return StoreUnavailable(_message(exc))
     if isinstance(exc, cx.ConnectionError | cx.ReadOnlyError | TimeoutError | OSError):
         # A TLS file bad since check_url: its name, not the handshake's symptom (coredis
         # skips an ssl_certfile without ssl_keyfile; the server then drops the client).
@@ -63,11 +76,11 @@ def _translate(exc: BaseException, url: str = "") -> BaseException:
 
 
 @contextmanager
-def _translated(url: str = "") -> Iterator[None]:
+def _translated(url: str = "", *, cluster: bool = False) -> Iterator[None]:
     try:
         yield
     except (cx.RedisError, TimeoutError, OSError) as exc:
-        raise _translate(exc, url) from exc
+        raise _translate(exc, url, cluster=cluster) from exc
 
 
 # coredis strips the error code from a reply ("MOVED 838 host:port" reads "838 host:port");
@@ -81,6 +94,11 @@ _CLUSTER_CODES: tuple[tuple[type[Exception], str], ...] = (
 )
 
 
+_CROSSSLOT = cx.ClusterCrossSlotError
+# Errors of a cluster in motion: a failover, a resharding, a layout being refreshed.
+_CLUSTER_MOVING = (cx.RedisClusterError, cx.AskError, cx.TryAgainError, cx.ClusterDownError)
+
+
 def _with_cluster_code(exc: BaseException, text: str) -> str:
     for kind, code in _CLUSTER_CODES:
         if isinstance(exc, kind):
@@ -89,12 +107,31 @@ def _with_cluster_code(exc: BaseException, text: str) -> str:
 
 
 class CoredisStore:
-    """:class:`claimkit.store.Store` on a ``coredis.Redis`` client."""
+    """:class:`claimkit.store.Store` on a ``coredis.Redis`` client.
 
-    def __init__(self, client: coredis.Redis[bytes], url: str) -> None:
-        self._client = client
+    Attributes:
+        mode: ``"standalone"``, or ``"sentinel"`` when the client is a sentinel-managed
+            primary's (docs/topology.md).
+    """
+
+    _cluster = False
+
+    def __init__(
+        self,
+        client: coredis.Redis[bytes],
+        url: str,
+        *,
+        mode: str = "standalone",
+        wait: ReplicaWait = NO_WAIT,
+    ) -> None:
+        self._client: Any = client
         self.url = redact_url(url)
+        self.mode = mode
         self._user = acl_user(url)
+        self._wait = replace(wait, url=self.url)
+
+    def _translated(self) -> AbstractContextManager[None]:
+        return _translated(self.url, cluster=self._cluster)
 
     def _request(self, args: Sequence[Arg]) -> CommandRequest[Any]:
         name = str(args[0]).upper().encode()
@@ -115,7 +152,7 @@ class CoredisStore:
 
     async def command(self, *args: Arg) -> Any:
         try:
-            with _translated(self.url):
+            with self._translated():
                 return await self._client.execute_command(self._request(args))
         except StoreError as exc:
             raise await self._explain(exc, [args]) from exc
@@ -123,7 +160,7 @@ class CoredisStore:
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
         if transaction:
             return await self._transaction(commands)
-        with _translated(self.url):
+        with self._translated():
             replies = await self._pipelined(commands)
         await self._raise_first_error(commands, replies)
         return replies
@@ -133,7 +170,7 @@ class CoredisStore:
         refusal explained by :meth:`_explain`); return when every reply is a value."""
         for command, reply in zip(commands, replies, strict=True):
             if isinstance(reply, cx.RedisError):
-                error = _translate(reply)
+                error = _translate(reply, cluster=self._cluster)
                 if isinstance(error, StoreError):
                     raise await self._explain(error, [command]) from reply
                 raise error from reply
@@ -153,11 +190,11 @@ class CoredisStore:
         if not commands:
             return []
         pool = self._client.connection_pool
-        with _translated(self.url):
-            connection = await pool.get_connection()
+        with self._translated():
+            connection = await self._transaction_connection(commands)
         keep = False
         try:
-            with _translated(self.url):
+            with self._translated():
                 try:
                     await connection.create_request(b"MULTI", decode=False)
                 except cx.ResponseError as exc:
@@ -191,7 +228,13 @@ class CoredisStore:
             else:
                 connection.invalidate("transaction state unknown")
 
-    async def _refused(self, message: str, commands: Sequence[Sequence[Arg]]) -> StoreError:
+    async def _transaction_connection(self, commands: Sequence[Sequence[Arg]]) -> Any:
+        """A connection of the pool's for a transaction of ``commands``."""
+        return await self._client.connection_pool.get_connection()
+
+    async def _refused(
+        self, message: str, commands: Sequence[Sequence[Arg]]
+    ) -> StoreError | StoreUnavailable:
         """The error for a transaction Redis refused before running any of it."""
         if is_acl_refusal(message):
             return await permission_error(
@@ -201,9 +244,12 @@ class CoredisStore:
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         script.check_key_count(keys)
+        if self._wait.applies(script):
+            # The script and its WAIT on one connection: one pipeline.
+            return (await self.run_many(script, [(keys, args)]))[0]
         call = ("EVALSHA", script.sha1, len(keys), *keys, *args)
         try:
-            with _translated(self.url):
+            with self._translated():
                 try:
                     return await self._client.execute_command(self._request(call))
                 except cx.NoScriptError:
@@ -217,11 +263,16 @@ class CoredisStore:
         for keys, _ in calls:
             script.check_key_count(keys)
         try:
-            with _translated(self.url):
-                return await run_pipelined(script, calls, self._pipelined, cx.NoScriptError)
+            with self._translated():
+                return await self._run_pipelined(script, calls)
         except StoreError as exc:
             sent = [("EVALSHA", script.sha1, len(k), *k, *a) for k, a in calls]
             raise await self._explain(exc, sent, script.name) from exc
+
+    async def _run_pipelined(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        return await run_pipelined(
+            script, calls, self._pipelined, cx.NoScriptError, wait=self._wait
+        )
 
     async def _pipelined(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """Send ``commands`` in one pipeline (no transaction); a command Redis refused gives
@@ -245,7 +296,7 @@ class CoredisStore:
 
 @asynccontextmanager
 async def open_coredis_store(
-    url: str, *, timeout: float, shown: str | None = None
+    url: str, *, timeout: float, shown: str | None = None, wait: ReplicaWait = NO_WAIT
 ) -> AsyncIterator[CoredisStore]:
     try:
         # coredis builds its TLS context here, from the URL's files.
@@ -268,4 +319,4 @@ async def open_coredis_store(
     # Entering the client starts its pool's background task group; a Redis that is down at
     # start-up is not an error here: the first command reports it.
     async with client:
-        yield CoredisStore(client, shown or url)
+        yield CoredisStore(client, shown or url, wait=wait)

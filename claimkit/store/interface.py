@@ -103,6 +103,11 @@ class Store(Protocol):
     url: str
     """The Redis URL with any password replaced by ``***``: safe to print."""
 
+    mode: str
+    """The topology the store talks to: ``"standalone"``, ``"cluster"`` or ``"sentinel"``
+    (docs/topology.md). Callers choose the key layout by it (``"cluster"``: the
+    cluster layout; the other two: the standalone names)."""
+
     async def command(self, *args: Arg) -> Any:
         """Run one command, e.g. ``await store.command("ZCARD", "q")``; the raw reply.
 

@@ -24,7 +24,7 @@ import contextlib
 import importlib
 import sys
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -40,7 +40,7 @@ from claimkit.store.interface import (
     StoreUnavailable,
 )
 from claimkit.store.redact import redact_url
-from claimkit.store.script_calls import run_pipelined
+from claimkit.store.script_calls import NO_WAIT, ReplicaWait, run_pipelined
 from claimkit.store.tls import tls_file_error, tls_problem
 
 if TYPE_CHECKING:
@@ -110,13 +110,18 @@ class RedispyStore:
     (docs/protocol.md#claim-protocol).
     """
 
-    def __init__(self, client: Any, loop: Any, modules: _Modules, url: str) -> None:
+    mode = "standalone"
+
+    def __init__(
+        self, client: Any, loop: Any, modules: _Modules, url: str, wait: ReplicaWait = NO_WAIT
+    ) -> None:
         self._client = client
         self._loop = loop
         self._m = modules
         self._x = modules.exceptions
         self.url = redact_url(url)
         self._user = acl_user(url)
+        self._wait = replace(wait, url=self.url)
 
     @contextmanager
     def _translated(self) -> Iterator[None]:
@@ -125,6 +130,8 @@ class RedispyStore:
             yield
         except _Refused as exc:
             raise exc.error from None
+        except StoreUnavailable:
+            raise  # claimkit's own (a WAIT that fell short): already one line
         except (x.AuthenticationError, x.AuthorizationError) as exc:
             # Subclasses of redis-py's ConnectionError, but a retry will not fix a password.
             raise StoreError(_message(exc)) from exc
@@ -259,6 +266,9 @@ class RedispyStore:
             ValueError: ``len(keys) != script.numkeys``.
         """
         script.check_key_count(keys)
+        if self._wait.applies(script):
+            # The script and its WAIT on one connection: one pipeline.
+            return (await self.run_many(script, [(keys, args)]))[0]
         call = ("EVALSHA", script.sha1, len(keys), *keys, *args)
         return await self._explained(self._run, [call], script, keys, args, script=script.name)
 
@@ -287,7 +297,9 @@ class RedispyStore:
 
     async def _run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
         # Runs on the asyncio loop.
-        return await run_pipelined(script, calls, self._pipelined, self._x.NoScriptError)
+        return await run_pipelined(
+            script, calls, self._pipelined, self._x.NoScriptError, wait=self._wait
+        )
 
     async def _pipelined(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         # Runs on the asyncio loop. A refused command gives its exception, with Redis's
@@ -325,6 +337,7 @@ async def open_redispy_store(
     *,
     timeout: float,
     shown: str | None = None,
+    wait: ReplicaWait = NO_WAIT,
 ) -> AsyncIterator[RedispyStore]:
     """Open a redis-py store on ``url``, inside a trio-asyncio loop of its own.
 
@@ -364,7 +377,7 @@ async def open_redispy_store(
 
         client = await modules.trio_asyncio.aio_as_trio(make_client, loop=loop)()
         try:
-            yield RedispyStore(client, loop, modules, shown or url)
+            yield RedispyStore(client, loop, modules, shown or url, wait)
         finally:
             # A connection that broke already may fail to close: nothing is left to free.
             with (

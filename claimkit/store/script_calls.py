@@ -1,17 +1,66 @@
-"""What both store backends do alike when they run scripts: check the key count, and
-resend by EVAL the calls of a pipeline that Redis refused with NOSCRIPT."""
+"""What both store backends do alike when they run scripts: check the key count, resend by
+EVAL the calls of a pipeline that Redis refused with NOSCRIPT, and follow writing calls by
+``WAIT`` when the store waits for replicas (docs/topology.md#failover)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from claimkit.store.interface import StoreUnavailable
+
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Callable, Collection, Sequence
 
     from claimkit.store.interface import Arg, ScriptCall
     from claimkit.store.scripts import Script
 
-__all__ = ["run_pipelined"]
+__all__ = ["NO_WAIT", "ReplicaWait", "run_pipelined"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaWait:
+    """The ``wait_replicas`` knob (docs/topology.md#failover): a writing script call is
+    followed, on the same connection, by ``WAIT replicas timeout_ms``.
+
+    Attributes:
+        replicas: how many replicas must confirm (0: the knob is off).
+        timeout_ms: how long ``WAIT`` may block, in milliseconds.
+        url: the store's URL (password masked), for the error line.
+    """
+
+    replicas: int = 0
+    timeout_ms: int = 1000
+    url: str = ""
+
+    def applies(self, script: Script) -> bool:
+        """Whether calls of ``script`` are followed by ``WAIT``: a writing script while the
+        knob is on."""
+        return self.replicas > 0 and script.writes
+
+    def command(self) -> tuple[Arg, ...]:
+        return ("WAIT", self.replicas, self.timeout_ms)
+
+    def check(self, script: Script, reply: Any) -> None:
+        """Raise :class:`StoreUnavailable` (one line) when ``WAIT`` answered fewer replicas
+        than asked; an error reply is raised as it is (for the backend to translate)."""
+        if isinstance(reply, BaseException):
+            raise reply
+        reached = int(reply)
+        if reached < self.replicas:
+            raise StoreUnavailable(
+                f"Redis at {self.url}: a {script.name} call reached {reached} of "
+                f"{self.replicas} replicas within {self.timeout_ms} ms (wait_replicas); "
+                "it may be lost in a failover, so it counts as not done "
+                "(docs/topology.md#failover)"
+            )
+
+
+NO_WAIT = ReplicaWait()
+
+
+def _last_only(calls: Sequence[ScriptCall]) -> Collection[int]:
+    return {len(calls) - 1} if calls else set()
 
 
 async def run_pipelined(
@@ -19,23 +68,47 @@ async def run_pipelined(
     calls: Sequence[ScriptCall],
     pipelined: Callable[[list[tuple[Arg, ...]]], Awaitable[list[Any]]],
     noscript: type[Exception],
+    *,
+    wait: ReplicaWait = NO_WAIT,
+    wait_after: Callable[[Sequence[ScriptCall]], Collection[int]] = _last_only,
 ) -> list[Any]:
     """The body of :meth:`Store.run_many` for a backend's ``pipelined`` function, which
     sends commands in one non-transactional pipeline and returns, per command, its reply or
     the exception Redis's refusal became. Calls refused as ``noscript`` are resent by EVAL;
-    the first other refusal is raised (a backend exception, for the backend to translate)."""
-    replies = await pipelined(
-        [("EVALSHA", script.sha1, len(keys), *keys, *args) for keys, args in calls]
-    )
+    the first other refusal is raised (a backend exception, for the backend to translate).
+
+    When ``wait`` applies to ``script``, a ``WAIT`` goes after each call whose index
+    ``wait_after(calls)`` gives (by default the last one: one connection carries the whole
+    pipeline, and ``WAIT`` covers every write before it on its connection); a cluster store
+    gives the last call of each node. Fewer replicas than asked raise
+    :class:`StoreUnavailable`, once the replies of every call are in (the calls ran).
+    """
+    waiting = wait.applies(script)
+
+    async def send(verb: str, ref: str, batch: Sequence[ScriptCall]) -> list[Any]:
+        after = wait_after(batch) if waiting else ()
+        commands: list[tuple[Arg, ...]] = []
+        where: list[int] = []
+        for i, (keys, args) in enumerate(batch):
+            where.append(len(commands))
+            commands.append((verb, ref, len(keys), *keys, *args))
+            if i in after:
+                commands.append(wait.command())
+        replies = await pipelined(commands)
+        positions = set(where)
+        waits.extend(reply for i, reply in enumerate(replies) if i not in positions)
+        return [replies[i] for i in where]
+
+    waits: list[Any] = []
+    replies = await send("EVALSHA", script.sha1, calls)
     refused = [i for i, reply in enumerate(replies) if isinstance(reply, noscript)]
     if refused:
-        resend = [calls[i] for i in refused]
-        again = await pipelined(
-            [("EVAL", script.source, len(keys), *keys, *args) for keys, args in resend]
-        )
+        again = await send("EVAL", script.source, [calls[i] for i in refused])
         for i, reply in zip(refused, again, strict=True):
             replies[i] = reply
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
+    for reply in waits:
+        wait.check(script, reply)
     return replies

@@ -40,12 +40,16 @@ class Script:
         numkeys: how many ``KEYS`` the script declares (from its file name).
         source: the full Lua text with includes resolved.
         sha1: the hex SHA1 Redis knows the script by.
+        writes: whether the script may write: every script but those whose header's first
+            line calls them read-only (``inspect``). With ``wait_replicas`` set, a call of a
+            writing script is followed by ``WAIT`` (docs/topology.md#failover).
     """
 
     name: str
     numkeys: int
     source: str
     sha1: str
+    writes: bool = True
 
     def check_key_count(self, keys: Sequence[str]) -> None:
         """Refuse a call with another number of keys than the script declares, before
@@ -87,6 +91,16 @@ def _resolve(text: str, folder: Path, pasted: set[str], seen: tuple[str, ...] = 
     return _INCLUDE.sub(paste, text)
 
 
+def _writes(source: str) -> bool:
+    """Whether a script may write: not when the first line of its header (the line after
+    the first ``--[[``: its purpose) says it is read-only. A shebang line may come first."""
+    lines = [line.strip() for line in source.splitlines() if line.strip()]
+    opening = next((i for i, line in enumerate(lines) if line.startswith("--[[")), None)
+    if opening is None or opening + 1 >= len(lines):
+        return True
+    return "read-only" not in lines[opening + 1].lower()
+
+
 @cache
 def all_scripts() -> dict[str, Script]:
     """Every script by verb. Raises :class:`ScriptError` when the folder is broken."""
@@ -101,7 +115,7 @@ def all_scripts() -> dict[str, Script]:
         source = _resolve(path.read_text(encoding="utf-8"), folder, set())
         sha1 = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
         verb = match.group("verb")
-        found[verb] = Script(verb, int(match.group("numkeys")), source, sha1)
+        found[verb] = Script(verb, int(match.group("numkeys")), source, sha1, _writes(source))
     return found
 
 

@@ -1,21 +1,25 @@
-"""What claimkit checks about the Redis server itself: not a cluster, and not evicting.
+"""What claimkit checks about the Redis server itself: the mode it was told, and not
+evicting.
 
-Every command opens Redis through :func:`claimkit.store.open_store`, which wraps the
-store in :class:`StandaloneOnly`: before the first command reaches Redis it asks ``INFO``
-whether the server is a Redis Cluster node, and refuses with :class:`ClusterUnsupported`
-(one line) when it is. claimkit's scripts touch per-request keys that a cluster keeps on
-other nodes; a script failing there keeps its earlier writes (docs/operations.md,
-"Redis Cluster"). A cluster reply met later (``MOVED``, ``ASK``, ``CLUSTERDOWN``,
-``CROSSSLOT``, ``TRYAGAIN``) is the same refusal.
+Every command opens Redis through :func:`claimkit.store.open_store`. In standalone and
+sentinel mode it wraps the store in :class:`StandaloneOnly`: before the first command
+reaches Redis it asks ``INFO`` whether the server is a Redis Cluster node, and refuses with
+:class:`ClusterUnsupported` (one line) when it is: standalone key names are not the cluster
+layout, and a script failing on a cluster keeps its earlier writes
+(docs/topology.md#configuration). A cluster reply met later (``MOVED``, ``ASK``,
+``CLUSTERDOWN``, ``CROSSSLOT``, ``TRYAGAIN``) is the same refusal. In cluster mode the
+cluster store itself refuses a server that is no cluster node
+(:class:`~claimkit.store.cluster_store.NotACluster`).
 
-``claimkit serve`` also reads the server's ``maxmemory-policy`` (:func:`eviction_policy`):
-claimkit's guarantees assume ``noeviction`` (docs/operations.md, "Eviction").
+``claimkit serve`` also reads the server's ``maxmemory-policy`` (:func:`eviction_policy`),
+on every primary of a cluster: claimkit's guarantees assume ``noeviction``
+(docs/operations.md, "Eviction").
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from claimkit.store.interface import Arg, ScriptCall, StoreError, reply_text
 
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CLUSTER_REPLIES",
     "ClusterUnsupported",
+    "NotACluster",
     "StandaloneOnly",
     "eviction_policy",
     "info_fields",
@@ -40,7 +45,8 @@ CLUSTER_REPLIES = ("MOVED ", "ASK ", "CLUSTERDOWN", "CROSSSLOT", "TRYAGAIN")
 
 
 class ClusterUnsupported(StoreError):
-    """The Redis claimkit was pointed at is a Redis Cluster node; nothing was written.
+    """The Redis claimkit was pointed at is a Redis Cluster node, and ``mode`` is not
+    ``"cluster"``; nothing was written.
 
     ``str(err)`` is one line: the URL (password masked), how it was told, and what to do.
     """
@@ -48,9 +54,23 @@ class ClusterUnsupported(StoreError):
     @classmethod
     def for_url(cls, url: str, how: str) -> ClusterUnsupported:
         return cls(
-            f"Redis at {url} is a Redis Cluster node ({how}): claimkit does not support "
-            "Redis Cluster yet; point it at a standalone Redis or Valkey "
-            '(docs/operations.md, "Redis Cluster")'
+            f'Redis at {url} is a Redis Cluster node ({how}): set "mode": "cluster" in '
+            "the transport config to use it (docs/topology.md#configuration)"
+        )
+
+
+class NotACluster(StoreError):
+    """``mode`` is ``"cluster"`` but the server is not a Redis Cluster node; nothing was
+    written. ``str(err)`` is one line: the URL (password masked), what it answered, what
+    to do (docs/topology.md#configuration). Raised by
+    :class:`~claimkit.store.cluster_store.ClusterStore`."""
+
+    @classmethod
+    def for_url(cls, url: str, how: str) -> NotACluster:
+        return cls(
+            f'Redis at {url} is not a Redis Cluster node ({how}): set "mode": '
+            '"standalone" in the transport config, or point url at a cluster node '
+            "(docs/topology.md#configuration)"
         )
 
 
@@ -87,6 +107,7 @@ class StandaloneOnly:
     def __init__(self, inner: Store) -> None:
         self._inner = inner
         self.url = inner.url
+        self.mode = inner.mode
         self.info: dict[str, str] | None = None
         self._checked = False
         self._refusal: ClusterUnsupported | None = None
@@ -155,18 +176,75 @@ class StandaloneOnly:
             raise
 
 
+class _EachPrimary(Protocol):
+    async def each_primary(self, *args: Arg) -> dict[str, Any]: ...
+
+
+def _danger(policy: str) -> int:
+    """How dangerous a policy is to claimkit's keys (docs/operations.md, "Eviction")."""
+    return 0 if policy == "noeviction" else 1 if policy.startswith("volatile-") else 2
+
+
 async def eviction_policy(store: Store) -> tuple[str | None, str]:
     """The server's ``maxmemory-policy``, from ``INFO`` (``maxmemory_policy``), else from
-    ``CONFIG GET`` (which managed Redis services and narrow ACLs often refuse).
+    ``CONFIG GET`` (which managed Redis services and narrow ACLs often refuse). On a
+    cluster store, every primary's, and the most dangerous of them is returned.
 
     Returns:
         ``(policy, "")`` when read; ``(None, why)`` when neither could be read, ``why``
-        saying what Redis answered.
+        saying what Redis answered (on a cluster: which node).
 
     Raises:
         StoreUnavailable: Redis is unreachable. StoreError: any other refusal than a
         refused command (a cluster node, a wrong password).
     """
+    if store.mode == "cluster" and hasattr(store, "each_primary"):
+        return await _cluster_eviction_policy(cast("_EachPrimary", store))
+    return await _eviction_policy(store)
+
+
+async def _cluster_eviction_policy(store: _EachPrimary) -> tuple[str | None, str]:
+    found: dict[str, str] = {}
+    unread: list[str] = []
+    for node, reply in (await store.each_primary("INFO", "memory")).items():
+        if isinstance(reply, BaseException):
+            if not isinstance(reply, StoreError) or not _refused(reply):
+                raise reply
+            unread.append(node)
+            continue
+        policy = info_fields(reply).get("maxmemory_policy")
+        if policy:
+            found[node] = policy
+        else:
+            unread.append(node)
+    if unread:
+        replies = await store.each_primary("CONFIG", "GET", "maxmemory-policy")
+        for node in unread:
+            policy, why = _config_policy(replies.get(node))
+            if policy is None:
+                return None, f"on {node}: {why}"
+            found[node] = policy
+    if not found:
+        return None, "the cluster has no primary"
+    return max(found.values(), key=_danger), ""
+
+
+def _config_policy(reply: Any) -> tuple[str | None, str]:
+    """``CONFIG GET maxmemory-policy``'s reply (or the exception it raised) as
+    :func:`eviction_policy` returns it."""
+    if isinstance(reply, BaseException):
+        if not isinstance(reply, StoreError) or not _refused(reply):
+            raise reply
+        return None, f"CONFIG GET maxmemory-policy was refused: {reply}"
+    if reply is None:
+        return None, "CONFIG GET maxmemory-policy answered nothing"
+    values = list(reply.values()) if isinstance(reply, dict) else list(reply)[1::2]
+    if not values:
+        return None, "CONFIG GET maxmemory-policy answered nothing"
+    return reply_text(values[0]), ""
+
+
+async def _eviction_policy(store: Store) -> tuple[str | None, str]:
     info = store.info if isinstance(store, StandaloneOnly) else None
     if info is None:
         try:
@@ -181,11 +259,5 @@ async def eviction_policy(store: Store) -> tuple[str | None, str]:
     try:
         reply = await store.command("CONFIG", "GET", "maxmemory-policy")
     except StoreError as exc:
-        if not _refused(exc):
-            raise
-        return None, f"CONFIG GET maxmemory-policy was refused: {exc}"
-    values = list(reply.values()) if isinstance(reply, dict) else list(reply)[1::2]
-    if not values:
-        return None, "CONFIG GET maxmemory-policy answered nothing"
-    value = values[0]
-    return (value.decode() if isinstance(value, bytes) else str(value)), ""
+        reply = exc
+    return _config_policy(reply)

@@ -1,0 +1,105 @@
+"""Which Redis topology a store connects to: :class:`Topology` (docs/topology.md).
+
+``url`` stays the store's first address in every mode (and carries the credentials, TLS
+settings and database); a topology adds the mode and, for a cluster or sentinel, more
+addresses: seed nodes of a cluster, or sentinels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from claimkit._errors import ConfigError
+
+__all__ = ["MODES", "Topology", "parse_addr"]
+
+MODES = ("standalone", "cluster", "sentinel")
+"""The three values of ``mode``, standalone first (the default)."""
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``"host:port"`` as ``(host, port)``; an IPv6 host may be bracketed
+    (``"[::1]:7000"``).
+
+    Raises:
+        ConfigError: not ``host:port`` with a port in 1-65535, as one line.
+    """
+    host, sep, port = addr.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f'addrs entry "{addr}" must be "host:port"')
+    return host, int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """The topology fields of the transport config (docs/topology.md#configuration).
+
+    Attributes:
+        mode: ``"standalone"`` (default), ``"cluster"`` or ``"sentinel"``.
+        addrs: more ``"host:port"`` addresses: cluster seed nodes, or sentinels; the URL's
+            host and port come first.
+        master_name: the name the sentinels monitor the primary under (sentinel only).
+    """
+
+    mode: str = "standalone"
+    addrs: tuple[str, ...] = ()
+    master_name: str | None = None
+
+    def validate(self, url: str | None = None) -> None:
+        """Check the fields together (and, given ``url``, its database for a cluster).
+
+        Raises:
+            ConfigError: one line, in llm-d-async's words (docs/topology.md#configuration):
+                ``unknown mode "x" (expected "standalone", "cluster" or "sentinel")``,
+                ``addrs requires mode "cluster" or "sentinel"``,
+                ``master_name requires mode "sentinel"``,
+                ``master_name is required when mode is "sentinel"``,
+                ``mode "cluster" does not support selecting database N; use database 0 in
+                url``, or ``addrs entry "x" must be "host:port"``.
+        """
+        if self.mode not in MODES:
+            raise ConfigError(
+                f'unknown mode "{self.mode}" (expected "standalone", "cluster" or "sentinel")'
+            )
+        if self.addrs and self.mode == "standalone":
+            raise ConfigError('addrs requires mode "cluster" or "sentinel"')
+        if self.master_name and self.mode != "sentinel":
+            raise ConfigError('master_name requires mode "sentinel"')
+        if self.mode == "sentinel" and not self.master_name:
+            raise ConfigError('master_name is required when mode is "sentinel"')
+        for addr in self.addrs:
+            parse_addr(addr)
+        if self.mode == "cluster" and url is not None:
+            db = url_database(url)
+            if db != 0:
+                raise ConfigError(
+                    f'mode "cluster" does not support selecting database {db}; '
+                    "use database 0 in url"
+                )
+
+    def seeds(self, url: str) -> list[tuple[str, int]]:
+        """The URL's host and port, then :attr:`addrs`, without repeats: a cluster's seed
+        nodes or the sentinels, in the order they are tried."""
+        parts = urlsplit(url)
+        out = [(parts.hostname or "127.0.0.1", parts.port or 6379)]
+        for addr in self.addrs:
+            seed = parse_addr(addr)
+            if seed not in out:
+                out.append(seed)
+        return out
+
+
+def url_database(url: str) -> int:
+    """The database a Redis URL selects: its path (``/3``), else its ``db`` query
+    parameter, else 0. A malformed number counts as 0 here (``check_url`` refuses it)."""
+    parts = urlsplit(url)
+    path = parts.path.strip("/")
+    if path.isdigit():
+        return int(path)
+    for item in parts.query.split("&"):
+        name, _, value = item.partition("=")
+        if name.lower() == "db" and value.isdigit():
+            return int(value)
+    return 0
