@@ -28,7 +28,7 @@ from claimkit.protocol.models import Envelope, Invalid, TerminalRecord, parse_me
 from claimkit.protocol.ops import AckItem, QueueOps, move_retries
 from claimkit.store import Arg, ScriptCall, Store, StoreError
 from claimkit.store import scripts as _scripts
-from claimkit.store.scripts import Script, ScriptError, all_scripts, script
+from claimkit.store.scripts import SHEBANG, Script, ScriptError, all_scripts, script
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -204,6 +204,26 @@ def _first_function(text: str) -> str:
     return found.group(1)
 
 
+def test_every_script_starts_with_the_shebang() -> None:
+    # The shebang makes a cluster node enforce the declared-key, one-slot rule; it is the
+    # first line of what Redis runs, and nothing else is added to the file's text.
+    for s in all_scripts().values():
+        assert s.source.startswith("#!lua\n"), s.name
+        assert s.source.count("#!") == 1, s.name
+        assert s.sha1 == hashlib.sha1(s.source.encode(), usedforsecurity=False).hexdigest()
+
+
+async def test_a_shebang_script_on_standalone_runs_as_before(store: Store) -> None:
+    """Redis 7 runs a flagless shebang script on a standalone server as it did without the
+    line: undeclared keys stay reachable and a script error keeps the writes before it (so
+    the guards still matter); error line numbers count the shebang as line 1."""
+    body = "redis.call('SET', KEYS[1], 'a')\nredis.call('SET', 'undeclared', 'b')\nerror('x')"
+    with trio.fail_after(10):
+        with pytest.raises(StoreError, match=r"user_script:4:"):
+            await store.command("EVAL", SHEBANG + body, 1, "declared")
+        assert await store.command("MGET", "declared", "undeclared") == [b"a", b"b"]
+
+
 def test_includes_are_resolved() -> None:
     includes = {p.stem: p.read_text(encoding="utf-8") for p in _scripts._lua_dir().glob("_*.lua")}
     assert set(includes) == {
@@ -275,7 +295,9 @@ def test_every_writing_script_guards_its_keys_before_writing() -> None:
         call = "guard_keys(" + ", ".join(f"'{k}'" for k in kinds) + ")"
         assert call in source, name
         # The guard is the script's first statement: before it, only included functions.
-        first = re.sub(r"\A\s*--\[\[.*?\]\]", "", source, count=1, flags=re.DOTALL)
+        first = re.sub(
+            r"\A\s*--\[\[.*?\]\]", "", source.removeprefix(SHEBANG), count=1, flags=re.DOTALL
+        )
         top = [line for line in first.splitlines() if line and not line.startswith((" ", "--"))]
         # (An include's constant table, ``local NAME = {`` ... ``}``, is no statement either.)
         statements = [
@@ -342,7 +364,7 @@ def test_nested_includes_resolve(
     thing = scripts["thing"]
     assert (thing.name, thing.numkeys) == ("thing", 1)
     lines = [line for line in thing.source.splitlines() if line.strip()]
-    assert lines == ["local inner = 1", "local outer = inner", "return outer"]
+    assert lines == ["#!lua", "local inner = 1", "local outer = inner", "return outer"]
     assert thing.sha1 == hashlib.sha1(thing.source.encode()).hexdigest()
 
 

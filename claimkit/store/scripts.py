@@ -6,6 +6,16 @@ Scripts ship inside the wheel as ``claimkit/lua/*.lua`` (from the repository's t
 an include, pasted in where a script says ``-- @include _name``. Stores run a script with
 EVALSHA and load it on NOSCRIPT, so a Redis restart or ``SCRIPT FLUSH`` costs one extra
 round trip, never an error.
+
+Every script's source starts with the shebang line :data:`SHEBANG` (``#!lua``, no flags),
+in every topology: a Redis Cluster node then refuses a script that touches a key of a slot
+other than its declared keys' (a script without a shebang is let through for backward
+compatibility), so a script can never write one slot and then fail on another
+(docs/topology.md#cluster-key-layout). Redis 7.0 or later (Valkey 7.2 or later) reads
+the line; with no flags a script runs as before on a standalone server, except that one
+started while Redis is over ``maxmemory`` is refused before it runs at all (Redis's
+``deny-oom`` default for scripts that may write), where a script without a shebang was
+refused at its first write: either way nothing is written.
 """
 
 from __future__ import annotations
@@ -21,7 +31,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["Script", "ScriptError", "all_scripts", "script"]
+__all__ = ["SHEBANG", "Script", "ScriptError", "all_scripts", "script"]
+
+SHEBANG = "#!lua\n"
+"""The first line of every script's source: Lua, no flags (Redis 7 ``EVAL`` shebang)."""
 
 _NAME = re.compile(r"^(?P<verb>[a-z-]+)-(?P<numkeys>\d+)\.lua$")
 _INCLUDE = re.compile(r"^-- @include (?P<name>_[a-z-]+)\s*$", re.MULTILINE)
@@ -38,7 +51,8 @@ class Script:
     Attributes:
         name: the verb, e.g. ``"claim"``.
         numkeys: how many ``KEYS`` the script declares (from its file name).
-        source: the full Lua text with includes resolved.
+        source: the full Lua text sent to Redis: :data:`SHEBANG`, then the file with its
+            includes resolved.
         sha1: the hex SHA1 Redis knows the script by.
         writes: whether the script may write: every script but those whose header's first
             line calls them read-only (``inspect``). With ``wait_replicas`` set, a call of a
@@ -112,7 +126,7 @@ def all_scripts() -> dict[str, Script]:
         match = _NAME.match(path.name)
         if match is None:
             raise ScriptError(f"{path.name}: a script is named <verb>-<numkeys>.lua")
-        source = _resolve(path.read_text(encoding="utf-8"), folder, set())
+        source = SHEBANG + _resolve(path.read_text(encoding="utf-8"), folder, set())
         sha1 = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
         verb = match.group("verb")
         found[verb] = Script(verb, int(match.group("numkeys")), source, sha1, _writes(source))
