@@ -137,8 +137,7 @@ def _queue_keys(
 def cluster_config(config: Config) -> bool:
     """Whether ``config`` names a Redis Cluster (``mode: cluster``), so its rules use the
     cluster key layout (docs/topology.md#cluster-key-layout)."""
-    topology = getattr(config, "topology", None)
-    return getattr(topology, "mode", "standalone") == "cluster"
+    return config.mode == "cluster"
 
 
 def acl_rule(

@@ -30,7 +30,7 @@ def cluster_layout(store: Store) -> bool:
     """Whether ``store`` talks to a Redis Cluster (``store.mode == "cluster"``), so the
     cluster key layout applies (docs/topology.md#cluster-key-layout); standalone and
     sentinel use the standalone names (docs/protocol.md#keys)."""
-    return getattr(store, "mode", "standalone") == "cluster"
+    return store.mode == "cluster"
 
 
 class OperatorScripts:
