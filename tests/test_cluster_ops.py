@@ -21,6 +21,7 @@ from support import NOWHERE, invoke, member
 
 from claimkit.cli.inspect_command import live_watch
 from claimkit.config import load_config
+from claimkit.ops.acl import acl_rule
 from claimkit.ops.queues import OperatorQueue
 from claimkit.ops.results import follow_results
 from claimkit.protocol.keys import (
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
     from typer.testing import Result
 
+    from claimkit.config import Config
     from claimkit.store import Arg, Store
 
 __all__ = ["redis_cluster"]  # the fixture, imported for pytest
@@ -66,7 +68,8 @@ def topology(cluster: RedisCluster) -> Topology:
 
 
 def transport(cluster: RedisCluster, queue: str, result_list: str, **fields: Any) -> str:
-    """A cluster config serving ``queue``, its records going to ``result_list`` (global)."""
+    """A cluster config serving ``queue``, its records going to ``result_list`` (global);
+    ``url=None`` leaves the URL out (``$REDIS_URL`` then names it)."""
     doc: dict[str, Any] = {
         "url": cluster.url,
         "mode": "cluster",
@@ -75,7 +78,7 @@ def transport(cluster: RedisCluster, queue: str, result_list: str, **fields: Any
         "queues": [{"queue_name": queue, "igw_base_url": NOWHERE}],
     }
     doc.update(fields)
-    return json.dumps(doc)
+    return json.dumps({k: v for k, v in doc.items() if v is not None})
 
 
 def on_cluster(cluster: RedisCluster, fn: Callable[[Store], Awaitable[Any]]) -> Any:
@@ -424,3 +427,121 @@ async def test_follow_holds_each_record_in_the_lists_slot(
     assert len(held[0]) == len(prefix) + 16
     assert key_slot(held[0]) == key_slot(results)
     assert keyspace(redis_cluster) == {}
+
+
+# -- acl -----------------------------------------------------------------------------------------
+
+
+def cluster_config(queue: str, results: str) -> Config:
+    return load_config(
+        inline=json.dumps(
+            {
+                "url": "redis://127.0.0.1:7000/0",
+                "mode": "cluster",
+                "addrs": ["127.0.0.1:7001"],
+                "result_queue_name": results,
+                "queues": [{"queue_name": queue, "igw_base_url": NOWHERE}],
+            }
+        )
+    )
+
+
+def test_acl_keys_are_the_cluster_names() -> None:
+    """Exact patterns, braces escaped; the queue's outbox and retry sets, each list's two
+    marker keys and its holding lists in the list's slot; no result-terminal:*, no shared
+    retry set."""
+    untagged = acl_rule(cluster_config("q", "results"), "operator")
+    assert untagged.keys == (
+        "q",
+        "\\{q\\}:claimed",
+        "\\{q\\}:claim-owners",
+        "\\{q\\}:claims-idx",
+        "\\{q\\}:deliveries",
+        "\\{q\\}:dead",
+        "\\{q\\}:outbox",
+        "\\{q\\}:retry-sortedset",
+        "\\{q\\}:retry-sortedset:dead",
+        "results",
+        "\\{results\\}:following:*",
+        "\\{results\\}:result-terminal",
+        "\\{results\\}:result-terminal-expiry",
+        "request-active:*",
+        "request-cancel:*",
+    )
+    tagged = acl_rule(cluster_config("{t}:q", "{t}:results"), "consumer")
+    assert tagged.keys == (
+        "\\{t\\}:q",
+        "\\{t\\}:q:claimed",
+        "\\{t\\}:q:claim-owners",
+        "\\{t\\}:q:claims-idx",
+        "\\{t\\}:q:deliveries",
+        "\\{t\\}:q:dead",
+        "\\{t\\}:q:outbox",
+        "\\{t\\}:q:retry-sortedset",
+        "\\{t\\}:q:retry-sortedset:dead",
+        "\\{t\\}:results",
+        "\\{t\\}:results:result-terminal",
+        "\\{t\\}:results:result-terminal-expiry",
+        "request-active:*",
+        "request-cancel:*",
+    )
+    producer = acl_rule(cluster_config("q", "results"), "producer")
+    assert producer.keys[:2] == ("q", "results")
+    for rule in (untagged, tagged, producer):
+        assert {"cluster|slots", "asking"} <= set(rule.commands)
+    assert {"hlen", "hdel"} <= set(untagged.commands)  # the outbox count; drop-markers
+
+
+@pytest.mark.parametrize(("queue", "results"), LAYOUTS)
+def test_the_operator_rule_is_enough_on_every_node(
+    redis_cluster: RedisCluster, queue: str, results: str
+) -> None:
+    """The operator rule `claimkit acl` prints for a cluster config, set on every node, runs
+    every operator command there with nothing refused (no ACL LOG entry on any node)."""
+    k = QueueKeys.for_queue(queue, cluster=True)
+    m = ResultKeys.for_list(results)
+    rule = ok(
+        invoke(
+            [
+                "acl",
+                "--role",
+                "operator",
+                "--rule-only",
+                "--transport-config",
+                transport(redis_cluster, queue, results),
+            ]
+        )
+    ).strip()
+    nodes = range(len(redis_cluster.nodes))
+    for node in nodes:
+        assert redis_cluster.call(node, "ACL", "LOG", "RESET") == b"OK"
+        redis_cluster.call(node, "ACL", "DELUSER", "op")
+        assert redis_cluster.call(node, "ACL", "SETUSER", "op", "on", ">pw", *rule.split()) == b"OK"
+    url = redis_cluster.url.replace("redis://", "redis://op:pw@")
+    t0 = int(server_now(redis_cluster))
+    seed(
+        redis_cluster,
+        ["ZADD", k.dead, 1, member("r1", t0 + 600, request_token="g1")],
+        ["HSET", m.terminal, "r1", "g1"],
+        ["HSET", outbox(k), outbox_field("o1", "t"), "{}"],
+        ["LPUSH", results, b'{"id":"x1"}'],
+    )
+    conf = transport(redis_cluster, queue, results, url=None)
+    try:
+        for args in (
+            ["inspect", "-q", queue, "--json"],
+            ["dead", "list", "-q", queue],
+            ["dead", "requeue", "-q", queue, "--all"],
+            ["dead", "purge", "-q", queue, "--all"],
+            ["results"],
+            ["results", "--follow", "--pop", "--count", "1"],
+        ):
+            ok(invoke([*args, "--transport-config", conf], url))
+        assert [redis_cluster.call(node, "ACL", "LOG") for node in nodes] == [[]] * len(nodes)
+        after = keyspace(redis_cluster)
+        assert m.terminal not in after  # the marker was dropped under the rule
+        assert results not in after  # popped
+        assert after[queue] == [(member("r1", t0 + 600, request_token="g1"), float(t0 + 600))]
+    finally:
+        for node in nodes:
+            redis_cluster.call(node, "ACL", "DELUSER", "op")

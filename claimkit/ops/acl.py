@@ -62,12 +62,15 @@ _SCRIPTS: dict[str, tuple[str, ...]] = {
     "producer": (),
     "operator": ("inspect", "release", "reclaim", "requeue-dead"),
 }
-# What the cluster layout adds (docs/topology.md#cluster-key-layout): inspect reads the
-# queue's outbox (HLEN); dead requeue deletes markers in each list's slot.
+# What a Redis Cluster adds (docs/topology.md#cluster-key-layout): every client reads the
+# cluster's slot map (CLUSTER SLOTS) and follows an ASK redirect (ASKING) while a slot
+# migrates; inspect reads the queue's outbox (HLEN); dead requeue deletes markers in each
+# list's slot (its script).
+_CLUSTER_CLIENT = ("CLUSTER|SLOTS", "ASKING")
 _CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
-    "consumer": (),
-    "producer": (),
-    "operator": ("HLEN",),
+    "consumer": _CLUSTER_CLIENT,
+    "producer": _CLUSTER_CLIENT,
+    "operator": (*_CLUSTER_CLIENT, "HLEN"),
 }
 _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": (),
