@@ -133,6 +133,8 @@ def inspect_queue(
     been held (exact for claimkit's tokens, which carry their claim time; with --watch a
     lower bound for others). Expired leases are red: any reclaimer may redeliver them.
     Reads only the queue's own keys, the retry set and the result list; never KEYS or SCAN.
+    On a Redis Cluster (mode "cluster") the counts add the outbox: records acked and on
+    their way to a result list in another slot (docs/topology.md#cluster-key-layout).
     With --watch the header says when the view was read; while Redis does not answer, the
     last view stays with a STALE line saying since when, and the watch keeps retrying.
     The keys: docs/protocol.md.
