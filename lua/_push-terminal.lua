@@ -21,9 +21,9 @@
 -- script after its earlier writes; in the reclaim script it would fail every reclaim pass
 -- of the queue from then on.
 -- @include _guard-keys
+-- @include _dedup
 local function push_terminal(marker_key, result_key, record, request_token, dedup_ttl, fallback_key)
-  local prev = guarded_get(marker_key)
-  if prev and (prev == '1' or request_token == '' or prev == request_token) then
+  if is_duplicate(guarded_get(marker_key), request_token) then
     return 0
   end
   local kind = redis.call('TYPE', result_key)['ok']

@@ -16,7 +16,9 @@
     KEYS[4] lease index ZSET       <q>:claims-idx
 
     ARGV[1] lease ttl, seconds (float)
-    ARGV[2] cancel key prefix      "request-cancel:"
+    ARGV[2] cancel key prefix      "request-cancel:", or "" to read no cancel key (Redis
+            Cluster: the marker lives in the request's own slot; the caller reads it after
+            the claim with lua/cancelled-1.lua, docs/topology.md#retries-cancellation-and-the-producer)
     then five per candidate, repeated:
       member       exact member bytes
       id           data.id
@@ -60,7 +62,8 @@ for i = 3, #ARGV, 5 do
     redis.call('ZADD', KEYS[4], lease_expiry(now, lease_ttl, deadline), id)
     code = 1
     -- A cancel key of another type cannot hold the token: not cancelled (guarded_get).
-    if request_token ~= '' and guarded_get(cancel_prefix .. id) == request_token then
+    if cancel_prefix ~= '' and request_token ~= ''
+        and guarded_get(cancel_prefix .. id) == request_token then
       code = 2
     end
   end

@@ -27,6 +27,7 @@
       original pending score (string) or nil, deliveries (string) or nil,
       1 when the claimed payload exists else 0 }
 ]]
+-- @flags no-writes
 -- @include _server-now
 
 local limit = tonumber(ARGV[1])

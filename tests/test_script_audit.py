@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from claimkit.protocol.keys import QueueKeys
+from claimkit.protocol.keys import QueueKeys, ResultKeys
 from claimkit.store import Arg, Store, StoreError, open_store
 from claimkit.store.scripts import all_scripts
 
@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 Q = "q"
 K = QueueKeys.for_queue(Q)
+CK = QueueKeys.for_queue(Q, cluster=True)  # the cluster layout's names
+assert CK.outbox is not None
+OUTBOX: str = CK.outbox
+RL = ResultKeys.for_list("rl-b")
 D = 4102444800  # 2100-01-01: a deadline far ahead
 TYPES = ("string", "list", "hash", "set", "zset")
 MAKE: dict[str, Callable[[str], list[Arg]]] = {
@@ -56,14 +60,14 @@ MA, MB = member("a", token="ga"), member("b", token="gb", result_list="rl-b")
 RECORD = b'{"id":"x","payload":"{}"}'
 
 
-def claims(*pairs: tuple[str, bytes, str]) -> list[list[Arg]]:
+def claims(*pairs: tuple[str, bytes, str], keys: QueueKeys = K) -> list[list[Arg]]:
     """Seed commands for claims ``(id, member, token)`` whose leases have lapsed."""
     out: list[list[Arg]] = []
     for rid, raw, token in pairs:
         out += [
-            ["HSET", K.claimed, rid, raw, f"{rid}:score", D],
-            ["HSET", K.owners, rid, token],
-            ["ZADD", K.index, 1, rid],
+            ["HSET", keys.claimed, rid, raw, f"{rid}:score", D],
+            ["HSET", keys.owners, rid, token],
+            ["ZADD", keys.index, 1, rid],
         ]
     return out
 
@@ -93,6 +97,12 @@ QUEUE_TYPES = {
     K.index: ("zset",),
     K.deliveries: ("hash",),
     K.dead: ("zset",),
+    CK.claimed: ("hash",),
+    CK.owners: ("hash",),
+    CK.index: ("zset",),
+    CK.deliveries: ("hash",),
+    CK.dead: ("zset",),
+    OUTBOX: ("hash",),
 }
 
 
@@ -108,6 +118,27 @@ ACK_KEYS = [K.pending, K.claimed, K.owners, K.index, K.deliveries]
 RECLAIM_KEYS = [K.pending, K.claimed, K.owners, K.index, K.deliveries, K.dead]
 RECLAIM_ARGV: list[Arg] = [100, 10, "", "result-list", "result-terminal:", 100, 2, "0", 100, 30]
 NUMBERS: tuple[Arg, ...] = ("x", "nan", "")
+# The cluster scripts (docs/topology.md#cluster-key-layout)
+CACK_KEYS = [CK.pending, CK.claimed, CK.owners, CK.index, CK.deliveries, OUTBOX]
+CRECLAIM_KEYS = [CK.pending, CK.claimed, CK.owners, CK.index, CK.deliveries, CK.dead, OUTBOX]
+LOCAL_KEYS = [*CACK_KEYS, RL.results, RL.terminal, RL.expiry]
+LOCAL_A: list[Arg] = ["a", "ta", "ga", RECORD, MA, "a\x00ta"]
+LOCAL_B: list[Arg] = ["b", "tb", "gb", RECORD, MB, "b\x00tb"]
+MOVE_A: list[Arg] = ["a", "ta", "ga", "rl-a", RECORD, MA, "a\x00ta"]
+MOVE_B: list[Arg] = ["b", "tb", "gb", "rl-b", RECORD, MB, "b\x00tb"]
+CDL_A: list[Arg] = [MA, "ga", "a", "a\x00x", "rl-a", RECORD]
+CDL_B: list[Arg] = [MB, "gb", "b", "b\x00x", "rl-b", RECORD]
+RL_TYPES: dict[str, tuple[str, ...]] = {
+    RL.results: ("list", "any"),
+    RL.terminal: ("hash", "any"),
+    RL.expiry: ("zset", "any"),
+}
+RL_STRICT: dict[str, tuple[str, ...]] = {
+    RL.results: ("list",),
+    RL.terminal: ("hash",),
+    RL.expiry: ("zset",),
+}
+PUSH_ARGV: list[Arg] = [100, "0", "a", "ga", RECORD, "b", "gb", RECORD]
 WHOLE: tuple[Arg, ...] = ("x", "nan", "", "1.5", "-1")
 
 CASES: dict[str, Case] = {
@@ -267,6 +298,89 @@ CASES: dict[str, Case] = {
             ["ZADD", "{rl}:result-terminal-expiry", D, "a", D, "b"],
         ],
         {"{rl}:result-terminal": ("hash",), "{rl}:result-terminal-expiry": ("zset",)},
+    ),
+    "ack-local": Case(
+        "ack-local",
+        LOCAL_KEYS,
+        [100, "0", "fallback", *LOCAL_A, *LOCAL_B],
+        claims(("a", MA, "ta"), ("b", MB, "tb"), keys=CK),
+        # A list or marker key of another type: the records go to the outbox instead.
+        {**declared(*CACK_KEYS), **RL_TYPES},
+        bad_argv={1: WHOLE},
+    ),
+    "ack-local-final": Case(
+        "ack-local",
+        LOCAL_KEYS,
+        [100, "1", "rl-b", *LOCAL_A, *LOCAL_B],
+        claims(("a", MA, "ta"), ("b", MB, "tb"), keys=CK),
+        RL_STRICT,
+    ),
+    "ack-outbox": Case(
+        "ack-outbox",
+        CACK_KEYS,
+        [*MOVE_A, *MOVE_B],
+        claims(("a", MA, "ta"), ("b", MB, "tb"), keys=CK),
+        declared(*CACK_KEYS),
+    ),
+    "push-result": Case(
+        "push-result",
+        [RL.results, RL.terminal, RL.expiry],
+        PUSH_ARGV,
+        [["HSET", RL.terminal, "a", "1"], ["ZADD", RL.expiry, 1, "a"]],  # an expired marker
+        RL_TYPES,
+        bad_argv={1: WHOLE},
+    ),
+    "push-result-final": Case(
+        "push-result",
+        [RL.results, RL.terminal, RL.expiry],
+        [100, "1", *PUSH_ARGV[2:]],
+        [],
+        RL_STRICT,
+    ),
+    "outbox-aim": Case(
+        "outbox-aim",
+        [OUTBOX],
+        ["a\x00ta", "{}", "b\x00tb", "{}"],
+        [["HSET", OUTBOX, "a\x00ta", "old", "b\x00tb", "old"]],
+        declared(OUTBOX),
+    ),
+    "cancelled": Case(
+        "cancelled",
+        ["request-cancel:a"],
+        ["ga"],
+        [["SET", "request-cancel:a", "ga"]],
+        {"request-cancel:a": ("string", "any")},
+    ),
+    "dead-letter-outbox": Case(
+        "dead-letter-outbox",
+        [CK.pending, CK.dead, OUTBOX],
+        [*CDL_A, *CDL_B],
+        [["ZADD", CK.pending, D, MA, D, MB]],
+        declared(CK.pending, CK.dead, OUTBOX),
+    ),
+    "move-retries-queue": Case(
+        "move-retries-queue",
+        ["{qa}:retry", "{qa}:retry:dead", "qa"],
+        [100],
+        [["ZADD", "{qa}:retry", 0, member("a", queue="qa"), 1, member("b", queue="qb")]],
+        {"{qa}:retry": ("zset",), "{qa}:retry:dead": ("zset",), "qa": ("zset",)},
+        bad_argv={1: WHOLE},
+    ),
+    "reclaim-cluster": Case(
+        "reclaim-cluster",
+        CRECLAIM_KEYS,
+        RECLAIM_ARGV,
+        [*claims(("a", MA, "ta"), ("b", MB, "tb"), keys=CK), ["HSET", CK.deliveries, "b", 9]],
+        declared(*CRECLAIM_KEYS),
+        bad_argv={
+            1: WHOLE,
+            2: WHOLE,
+            6: WHOLE,
+            7: ("1", "x"),
+            8: ("bad", "-1"),
+            9: WHOLE,
+            10: (*NUMBERS, "0", "-1"),
+        },
     ),
     "inspect": Case(
         "inspect",

@@ -26,12 +26,14 @@ from support import StoreWrapper, member, server_now
 
 from claimkit.protocol.models import Envelope, Invalid, TerminalRecord, parse_member
 from claimkit.protocol.ops import AckItem, QueueOps, move_retries
-from claimkit.store import Arg, ScriptCall, Store, StoreError
+from claimkit.store import Arg, ScriptCall, Store, StoreError, open_store
 from claimkit.store import scripts as _scripts
 from claimkit.store.scripts import SHEBANG, Script, ScriptError, all_scripts, script
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
+
+    from conftest import RedisFactory
 
 SOURCE_LUA = Path(__file__).resolve().parent.parent / "lua"
 """The source tree's ``lua/`` (tests run from a checkout)."""
@@ -47,6 +49,19 @@ PROTOCOL_SCRIPTS = {
     "release": 4,
     "renew": 2,
 }
+CLUSTER_SCRIPTS = {
+    # The scripts QueueOps calls on a Redis Cluster instead (docs/topology.md)
+    "ack-local": 9,
+    "ack-outbox": 6,
+    "cancelled": 1,
+    "dead-letter-outbox": 3,
+    "move-retries-queue": 3,
+    "outbox-aim": 1,
+    "push-result": 3,
+    "reclaim-cluster": 7,
+}
+ALL_CALLED = PROTOCOL_SCRIPTS | CLUSTER_SCRIPTS
+READ_ONLY_SCRIPTS = {"inspect", "cancelled"}
 
 Q = "{tenant-a}:requests"
 RETRY = "retry-sortedset"
@@ -74,8 +89,8 @@ def load_from(monkeypatch: pytest.MonkeyPatch, folder: Path) -> dict[str, Script
 
 
 def header(source: str) -> str:
-    """The ``--[[ ... ]]`` comment block a script opens with."""
-    match = re.match(r"\s*--\[\[(.*?)\]\]", source, re.DOTALL)
+    """The ``--[[ ... ]]`` comment block a script opens with (after its shebang line)."""
+    match = re.match(r"(?:#![^\n]*\n)?\s*--\[\[(.*?)\]\]", source, re.DOTALL)
     assert match is not None, "a script opens with a --[[ ... ]] header"
     return match.group(1)
 
@@ -97,7 +112,7 @@ def header_keys(source: str) -> dict[int, str]:
 
 def test_every_script_is_loaded_with_its_key_count() -> None:
     scripts = all_scripts()
-    assert {n: s.numkeys for n, s in scripts.items() if n in PROTOCOL_SCRIPTS} == PROTOCOL_SCRIPTS
+    assert {n: s.numkeys for n, s in scripts.items() if n in ALL_CALLED} == ALL_CALLED
     on_disk = {p.name for p in _scripts._lua_dir().glob("*.lua") if not p.name.startswith("_")}
     assert {f"{n}-{s.numkeys}.lua" for n, s in scripts.items()} == on_disk
     for name, s in scripts.items():
@@ -120,7 +135,7 @@ def test_the_loader_prefers_the_packaged_lua_dir(
 
     assert _scripts._lua_dir() == packaged
     scripts = all_scripts()
-    assert set(scripts) >= set(PROTOCOL_SCRIPTS)
+    assert set(scripts) >= set(ALL_CALLED)
     assert scripts["renew"].source.endswith(marker)
     assert "-- @include" not in scripts["claim"].source
 
@@ -137,7 +152,7 @@ def test_the_loader_falls_back_to_the_source_tree(
     )
     assert _scripts._lua_dir() == SOURCE_LUA
     scripts = all_scripts()
-    assert set(scripts) >= set(PROTOCOL_SCRIPTS)
+    assert set(scripts) >= set(ALL_CALLED)
     for name, s in scripts.items():
         assert (SOURCE_LUA / f"{name}-{s.numkeys}.lua").is_file()
 
@@ -175,7 +190,7 @@ def test_the_installed_distribution_ships_the_scripts(
     for name, path in shipped.items():
         shutil.copyfile(path, folder / name)
     scripts = load_from(monkeypatch, folder)
-    assert {n: s.numkeys for n, s in scripts.items() if n in PROTOCOL_SCRIPTS} == PROTOCOL_SCRIPTS
+    assert {n: s.numkeys for n, s in scripts.items() if n in ALL_CALLED} == ALL_CALLED
     for s in scripts.values():
         assert "@include" not in s.source
     packaged = resources.files("claimkit") / "lua"
@@ -206,11 +221,46 @@ def _first_function(text: str) -> str:
 
 def test_every_script_starts_with_the_shebang() -> None:
     # The shebang makes a cluster node enforce the declared-key, one-slot rule; it is the
-    # first line of what Redis runs, and nothing else is added to the file's text.
+    # first line of what Redis runs, and nothing else is added to the file's text. Only the
+    # read-only scripts carry a flag (no-writes: they run while Redis is over maxmemory).
     for s in all_scripts().values():
-        assert s.source.startswith("#!lua\n"), s.name
+        shebang = "#!lua flags=no-writes\n" if s.name in READ_ONLY_SCRIPTS else SHEBANG
+        assert s.source.startswith(shebang), s.name
         assert s.source.count("#!") == 1, s.name
+        assert ("-- @flags no-writes" in s.source) == (s.name in READ_ONLY_SCRIPTS)
         assert s.sha1 == hashlib.sha1(s.source.encode(), usedforsecurity=False).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("-- @flags no-writes\n-- @flags allow-oom\nreturn 1\n", "more than one"),
+        ("-- @flags no-wrongs\nreturn 1\n", "unknown script flag 'no-wrongs'"),
+    ],
+)
+def test_bad_flags_lines_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_registry: None, text: str, message: str
+) -> None:
+    folder = tmp_path / "lua"
+    folder.mkdir()
+    (folder / "thing-1.lua").write_text(text, encoding="utf-8")
+    with pytest.raises(ScriptError, match=message):
+        load_from(monkeypatch, folder)
+
+
+async def test_a_read_only_script_runs_over_maxmemory(redis_factory: RedisFactory) -> None:
+    """The no-writes flag keeps ``claimkit inspect`` working on a Redis over its memory
+    limit, as before the shebang; a flagless script is refused there before it runs."""
+    server = redis_factory(extra_args=["--maxmemory-policy", "noeviction"])
+    with trio.fail_after(30):
+        async with open_store(server.url) as st:
+            await st.command("SET", "filler", "x" * 2_000_000)
+            await st.command("CONFIG", "SET", "maxmemory", "1mb")
+            keys = ["q", "q:claimed", "q:claim-owners", "q:claims-idx", "q:deliveries", "q:dead"]
+            reply = await st.run(script("inspect"), keys, [0, 0])
+            assert reply[1:3] == [0, None]
+            with pytest.raises(StoreError, match="OOM"):
+                await st.run(script("move-retries"), ["r", "r:dead"], [1])
 
 
 async def test_a_shebang_script_on_standalone_runs_as_before(store: Store) -> None:
@@ -235,6 +285,10 @@ def test_includes_are_resolved() -> None:
         "_push-terminal",
         "_record",
         "_server-now",
+        "_dedup",
+        "_markers",
+        "_move-retries",
+        "_reclaim",
     }
     for s in all_scripts().values():
         assert "@include" not in s.source, s.name
@@ -265,6 +319,13 @@ def test_includes_are_resolved() -> None:
             "member_internal",
             "json_string",
             "error_record",
+            "is_duplicate",
+            "markers_usable",
+            "marker_get",
+            "push_marked",
+            "sweep_markers",
+            "move_due_retries",
+            "reclaim_pass",
         ):
             if re.search(rf"\b{helper}\(", s.source):
                 assert f"local function {helper}(" in s.source, f"{s.name}: {helper}"
@@ -282,17 +343,36 @@ WRITING_SCRIPTS = {
     "release": ["zset", "hash", "hash", "zset"],
     "renew": ["hash", "zset"],
     "requeue-dead": ["zset", "zset", "hash"],
+    "ack-local": ["zset", "hash", "hash", "zset", "hash", "hash", "list", "hash", "zset"],
+    "ack-outbox": ["zset", "hash", "hash", "zset", "hash", "hash"],
+    "dead-letter-outbox": ["zset", "zset", "hash"],
+    "move-retries-queue": ["zset", "zset", "zset"],
+    "outbox-aim": ["hash"],
+    "push-result": ["list", "hash", "zset"],
+    "reclaim-cluster": ["zset", "hash", "hash", "zset", "hash", "zset", "hash"],
 }
+GUARDED_FIRST = {"ack-local": 6, "push-result": 0}
+"""Scripts whose first statement guards only their first N keys: the others (a result list
+and its dedup markers) are type-checked before the first write too, but a key of another
+type there sends the records elsewhere instead of failing the call, unless the list is the
+last resort (then it fails with WRONGTYPE: the test below passes that flag)."""
 
 
 def test_every_writing_script_guards_its_keys_before_writing() -> None:
     """A script keeps the writes made before it fails; each one that writes checks every
     KEYS type first, in the order its header gives."""
     scripts = all_scripts()
-    assert set(WRITING_SCRIPTS) == set(scripts) - {"inspect"}
+    assert set(WRITING_SCRIPTS) == set(scripts) - READ_ONLY_SCRIPTS
     for name, kinds in WRITING_SCRIPTS.items():
         source = scripts[name].source
+        guarded = kinds[: GUARDED_FIRST.get(name, len(kinds))]
         call = "guard_keys(" + ", ".join(f"'{k}'" for k in kinds) + ")"
+        if name in GUARDED_FIRST:
+            if guarded:
+                call = "guard_keys(" + ", ".join(f"'{k}'" for k in guarded) + ")"
+            else:  # the types are read first, then guarded when the list is the last resort
+                assert "guard_keys(" + ", ".join(f"'{k}'" for k in kinds) + ")" in source
+                call = "local dedup_ttl = count_arg(1, 0)"
         assert call in source, name
         # The guard is the script's first statement: before it, only included functions.
         first = re.sub(
@@ -346,6 +426,13 @@ GUARD_ARGV: dict[str, list[Arg]] = {
     "release": ["a", "t", ""],
     "renew": [60, "a", "t", 4102444800],
     "requeue-dead": ["result-terminal:", "0", "m", "a"],
+    "ack-local": [0, "1", "fb", "a", "t", "", "{}", "m", "a\x00t"],
+    "ack-outbox": ["a", "t", "", "rl", "{}", "m", "a\x00t"],
+    "dead-letter-outbox": ["m", "", "a", "a\x00t", "rl", "{}"],
+    "move-retries-queue": [100],
+    "outbox-aim": ["a\x00t", "{}"],
+    "push-result": [0, "1", "a", "", "{}"],
+    "reclaim-cluster": [100, 10, "", "rl", "", 0],
 }
 
 
@@ -407,8 +494,9 @@ def test_header_documents_exactly_numkeys_keys(name: str) -> None:
     s = script(name)
     documented = header_keys(s.source)
     assert sorted(documented) == list(range(1, s.numkeys + 1))
-    body = re.sub(r"\A\s*--\[\[.*?\]\]", "", s.source, count=1, flags=re.DOTALL)
-    used = {int(i) for i in re.findall(r"KEYS\[(\d+)\]", body)}
+    body = re.sub(r"\A\s*--\[\[.*?\]\]", "", s.source.split("\n", 1)[1], count=1, flags=re.DOTALL)
+    code = re.sub(r"--[^\n]*", "", body)  # includes' comments name KEYS[i] in general
+    used = {int(i) for i in re.findall(r"KEYS\[(\d+)\]", code)}
     assert used == set(range(1, s.numkeys + 1)), f"{name} body uses KEYS{sorted(used)}"
     # The header also documents its ARGV and its output.
     assert "ARGV[" in header(s.source) or "then " in header(s.source)

@@ -33,8 +33,8 @@ class Upkeep:
 
     Args:
         config: the whole configuration (intervals, lease, ``max_deliveries``).
-        queues: every queue; the retry mover drains the shared retry set through the
-            first queue's ops.
+        queues: every queue; the retry mover drains each distinct retry set once, through
+            the first queue's ops that parks into it.
         health: notes answers and failures; stops the consumer on a fatal refusal.
         clock: takes the server time each renew returns.
     """
@@ -125,20 +125,26 @@ class Upkeep:
     # -- retry mover (docs/protocol.md#retry-mover) ------------------------------------------
 
     async def retry_mover(self) -> None:
-        """Each ``min(1 s, poll_interval)``, move every due retry member back to its queue."""
+        """Each ``min(1 s, poll_interval)``, move every due retry member back to its queue:
+        one mover per retry set (standalone: the set every queue shares, drained through
+        the first queue's ops; Redis Cluster: each queue's own set,
+        docs/topology.md#retries-cancellation-and-the-producer)."""
         interval = min(1.0, self._config.poll_interval_ms / 1000)
+        movers: dict[str, QueueRuntime] = {}
+        for q in self._queues:
+            movers.setdefault(q.ops.retry_set, q)
         while True:
-            try:
-                # The retry set is shared: the first queue's ops drain it for all.
-                _moved, dead = await self._queues[0].ops.move_retries()
-                if dead:
-                    log.warning(
-                        "retry mover: %d unroutable members moved to %s:dead",
-                        dead,
-                        self._config.retry_queue_name,
-                    )
-            except (StoreUnavailable, StoreError) as exc:
-                await self._health.failed("retry mover", exc)
+            for q in movers.values():
+                try:
+                    _moved, dead = await q.ops.move_retries()
+                    if dead:
+                        log.warning(
+                            "retry mover: %d unroutable members moved to %s:dead",
+                            dead,
+                            q.ops.retry_set,
+                        )
+                except (StoreUnavailable, StoreError) as exc:
+                    await self._health.failed("retry mover", exc)
             await trio.sleep(interval)
 
     # -- backlog (docs/metrics.md) -----------------------------------------------------------

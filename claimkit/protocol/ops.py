@@ -7,6 +7,12 @@ server clock.
 
 This module knows the scripts' argument layouts (see each ``lua/*.lua`` header); the
 consumer, the operator commands and the tests all call the protocol through it.
+
+On a Redis Cluster (``store.mode == "cluster"``) the same operations run on the cluster key
+layout (docs/topology.md#cluster-key-layout): every script touches keys of one slot only.
+The claim reads cancel markers after the script; an ack whose list lives in another slot
+goes through the queue's outbox (:mod:`claimkit.protocol.outbox`); park and the retry
+mover use the queue's own retry set.
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from claimkit.protocol import keys as _keys
+from claimkit.protocol import outbox as _outbox
 from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecord
 from claimkit.protocol.replies import ClaimCode as ClaimCode
+from claimkit.protocol.replies import MoveCode as MoveCode
 from claimkit.protocol.replies import ParkCode as ParkCode
 from claimkit.protocol.replies import ReclaimCounts as ReclaimCounts
 from claimkit.protocol.replies import ReleaseCode as ReleaseCode
@@ -34,9 +42,9 @@ from claimkit.protocol.tokens import token_time as token_time
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-    from claimkit.store import Arg, Store
+    from claimkit.store import Arg, ScriptCall, Store
 
 __all__ = [
     "CHUNK",
@@ -44,6 +52,7 @@ __all__ = [
     "RENEW_CHUNK",
     "AckItem",
     "ClaimCode",
+    "MoveCode",
     "ParkCode",
     "QueueOps",
     "QueueProtocol",
@@ -120,10 +129,17 @@ class QueueOps:
         lease_ttl: ``claim_lease_ttl_seconds``, seconds (> 0): the lease a reclaim gives
             back to a claim without a lease entry (docs/protocol.md, "Claims without a
             lease entry").
-        retry_set: ``retry_queue_name``, the retry ZSET every queue shares
-            (docs/protocol.md#retry-mover); :meth:`move_retries` drains it.
+        retry_set: ``retry_queue_name``: standalone, the retry ZSET every queue shares
+            (docs/protocol.md#retry-mover); on a cluster the queue's own
+            ``{q}:<retry_queue_name>`` is used instead (:attr:`retry_set` says which).
+            :meth:`move_retries` drains it.
+        _after_outbox_step: tests only: awaited with 1 after step 1 of an ack across slots
+            (the records are in the outbox) and with 2 after step 2 (pushed, fields not
+            yet deleted), so a test can stop the ack between steps as a crash would.
 
-    It satisfies :class:`QueueProtocol`, the part of it the consumer uses.
+    It satisfies :class:`QueueProtocol`, the part of it the consumer uses. The key layout
+    follows ``store.mode`` (``"cluster"``: docs/topology.md#cluster-key-layout; any other
+    mode, or a store without the attribute: docs/protocol.md#keys).
 
     Every method raises :class:`~claimkit.store.StoreUnavailable` or
     :class:`~claimkit.store.StoreError` as the store does. A chunk that raised may or may
@@ -140,11 +156,15 @@ class QueueOps:
         dedup_ttl: int = _keys.DEFAULT_DEDUP_TTL_SECONDS,
         lease_ttl: float = _keys.DEFAULT_LEASE_TTL_SECONDS,
         retry_set: str = _keys.DEFAULT_RETRY_SET,
+        _after_outbox_step: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
-        self.retry_set = retry_set
+        self.cluster = getattr(store, "mode", "standalone") == "cluster"
         self.queue = queue
-        self.keys = _keys.QueueKeys.for_queue(queue)
+        self.keys = _keys.QueueKeys.for_queue(queue, cluster=self.cluster, retry_set=retry_set)
+        self.retry_set = self.keys.retry_set
+        self._slot = _keys.key_slot(queue)
+        self._after_outbox_step = _after_outbox_step
         self.routing = ResultRouting(result_list, default_result_list)
         self.result_list = self.routing.queue_list
         self.default_result_list = default_result_list
@@ -174,7 +194,13 @@ class QueueOps:
 
     async def dead_letter(self, invalid: Sequence[Invalid]) -> tuple[int, int]:
         """Move malformed members to ``<q>:dead``; push an ``INVALID_REQUEST`` record for
-        each whose id was readable. Returns ``(moved, records_pushed)``."""
+        each whose id was readable. Returns ``(moved, records_pushed)``.
+
+        On a cluster the records go through the outbox (``lua/dead-letter-outbox-3.lua``,
+        then :func:`~claimkit.protocol.outbox.push_entries`): their lists may live in
+        another slot. A call that fails after the move leaves them for any reclaimer."""
+        if self.cluster:
+            return await self._dead_letter_cluster(invalid)
         moved = pushed = 0
         for chunk in _chunks(invalid):
             args: list[Arg] = [self.dedup_ttl, self.fallback_result_list]
@@ -197,6 +223,72 @@ class QueueOps:
             pushed += sum(_int(v) for v in reply[1::2])
         return moved, pushed
 
+    async def _dead_letter_cluster(self, invalid: Sequence[Invalid]) -> tuple[int, int]:
+        k = self.keys
+        assert k.outbox is not None
+        moved = pushed = 0
+        for chunk in _chunks(invalid):
+            args: list[Arg] = []
+            entries: list[_outbox.OutboxEntry | None] = []
+            for bad in chunk:
+                if bad.id is None:
+                    args += [bad.raw, "", "", "", "", ""]
+                    entries.append(None)
+                    continue
+                record = TerminalRecord.error(bad.id, ErrorCode.INVALID_REQUEST, bad.reason)
+                entry = _outbox.OutboxEntry(
+                    field=_keys.outbox_field(bad.id, new_token()).encode(),
+                    list=self.result_list_for(bad.result_queue_name),
+                    request_token=bad.request_token,
+                    record=record.to_json(),
+                    id=bad.id,
+                )
+                args += [bad.raw, bad.request_token, bad.id, entry.field, entry.list, entry.record]
+                entries.append(entry)
+            reply = await self.store.run(
+                script("dead-letter-outbox"), [k.pending, k.dead, k.outbox], args
+            )
+            moved += sum(_int(v) for v in reply[0::2])
+            queued = [
+                e
+                for e, q in zip(entries, reply[1::2], strict=True)
+                if e is not None and _int(q) == 1
+            ]
+            pushed += await self._finish(queued)
+        return moved, pushed
+
+    async def _finish(self, entries: Sequence[_outbox.OutboxEntry]) -> int:
+        """Steps 2 and 3 for ``entries`` already in the outbox; how many records were
+        pushed (the others were duplicates)."""
+        if not entries:
+            return 0
+        assert self.keys.outbox is not None
+        done = await _outbox.push_entries(
+            self.store,
+            self.keys.outbox,
+            entries,
+            fallback=self.fallback_result_list,
+            dedup_ttl=self.dedup_ttl,
+        )
+        if self._after_outbox_step is not None:
+            await self._after_outbox_step(2)
+        await _outbox.drop_entries(self.store, self.keys.outbox, list(done))
+        return sum(done.values())
+
+    async def replay_outbox(self, *, page: int = CHUNK) -> tuple[int, int]:
+        """Finish the records left in this queue's outbox (cluster only; standalone has no
+        outbox and this returns ``(0, 0)``): :func:`claimkit.protocol.outbox.replay`, one
+        ``HSCAN`` cycle of ``page`` fields per round trip. Returns ``(finished, pushed)``."""
+        if self.keys.outbox is None:
+            return 0, 0
+        return await _outbox.replay(
+            self.store,
+            self.keys.outbox,
+            fallback=self.fallback_result_list,
+            dedup_ttl=self.dedup_ttl,
+            page=page,
+        )
+
     # -- claim (docs/protocol.md#claim) --------------------------------------------------------
 
     async def claim(
@@ -206,17 +298,48 @@ class QueueOps:
 
         Returns ``(server_now, codes)``: server time in Unix seconds and one
         :class:`ClaimCode` per candidate, in order.
+
+        On a cluster the script reads no cancel marker (it lives in the request's own
+        slot): the markers of the claimed candidates that have a ``request_token`` are read
+        after it, one pipelined ``lua/cancelled-1.lua`` call each, and a match turns
+        ``CLAIMED`` into ``CANCELLED`` (docs/topology.md#retries-cancellation-and-the-producer).
+        If that read fails the claims stand (held in Redis, unknown to the caller) and
+        lapse like claims whose reply was lost.
         """
         now = 0.0
         codes: list[ClaimCode] = []
+        prefix = "" if self.cluster else _keys.REQUEST_CANCEL_PREFIX
         for chunk in _chunks(candidates):
-            args: list[Arg] = [repr(float(lease_ttl)), _keys.REQUEST_CANCEL_PREFIX]
+            args: list[Arg] = [repr(float(lease_ttl)), prefix]
             for env, token in chunk:
                 args += [env.raw, env.id, token, env.deadline, env.request_token]
             reply = await self.store.run(script("claim"), self._claim_keys(), args)
             now = float(reply[0])
-            codes += [ClaimCode(_int(v)) for v in reply[1:]]
+            chunk_codes = [ClaimCode(_int(v)) for v in reply[1:]]
+            if self.cluster:
+                chunk_codes = await self._cancelled_after_claim(chunk, chunk_codes)
+            codes += chunk_codes
         return now, codes
+
+    async def _cancelled_after_claim(
+        self, chunk: Sequence[tuple[Envelope, str]], codes: list[ClaimCode]
+    ) -> list[ClaimCode]:
+        asked = [
+            i
+            for i, ((env, _token), code) in enumerate(zip(chunk, codes, strict=True))
+            if code == ClaimCode.CLAIMED and env.request_token
+        ]
+        if not asked:
+            return codes
+        calls: list[ScriptCall] = [
+            ([_keys.request_cancel(chunk[i][0].id)], [chunk[i][0].request_token]) for i in asked
+        ]
+        replies = await self.store.run_many(script("cancelled"), calls)
+        out = list(codes)
+        for i, reply in zip(asked, replies, strict=True):
+            if _int(reply) == 1:
+                out[i] = ClaimCode.CANCELLED
+        return out
 
     def _claim_keys(self) -> list[str]:
         k = self.keys
@@ -264,7 +387,19 @@ class QueueOps:
     async def ack(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]:
         """Push each record once and drop its claim. Returns ``(pushed, owned)`` per item:
         ``pushed`` False means a suppressed duplicate; ``owned`` False means the claim was
-        no longer the caller's (it was left alone)."""
+        no longer the caller's (it was left alone).
+
+        On a cluster (docs/topology.md#acks-across-slots): the items whose list shares the
+        queue's slot are acked by one script per list (``lua/ack-local-9.lua``); the others
+        in three steps, each safe to repeat: one fenced script moves them into the
+        outbox (``lua/ack-outbox-6.lua``), the push step writes each record under its
+        list's markers (:func:`~claimkit.protocol.outbox.push_entries`), then the outbox
+        fields are deleted. If the call fails after the first step the records are not
+        lost: any reclaimer replays the outbox (:meth:`replay_outbox`), and the requests
+        are no longer claimed, so none runs again. (``owned`` of a record an earlier,
+        failed call had already moved is True.)"""
+        if self.cluster:
+            return await self._ack_cluster(items)
         out: list[tuple[bool, bool]] = []
         k = self.keys
         for chunk in _chunks(items):
@@ -288,13 +423,112 @@ class QueueOps:
             ]
         return out
 
+    async def _ack_cluster(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]:
+        out: list[tuple[bool, bool] | None] = [None] * len(items)
+        local: dict[str, list[int]] = {}
+        remote: list[int] = []
+        for i, it in enumerate(items):
+            if _keys.key_slot(it.result_list) == self._slot:
+                local.setdefault(it.result_list, []).append(i)
+            else:
+                remote.append(i)
+        finish: list[tuple[int, _outbox.OutboxEntry]] = []
+        for name, indexes in local.items():
+            finish += await self._ack_local(items, name, indexes, out)
+        owned: dict[int, bool] = {}
+        for chunk in _chunks(remote):
+            moved = await self._move_to_outbox([items[i] for i in chunk])
+            for i, code in zip(chunk, moved, strict=True):
+                if code == MoveCode.SUPPRESSED:
+                    out[i] = (False, False)
+                else:
+                    owned[i] = code != MoveCode.MOVED_WITHDRAWN
+                    finish.append((i, self._entry(items[i], items[i].result_list)))
+        if finish:
+            if self._after_outbox_step is not None:
+                await self._after_outbox_step(1)
+            assert self.keys.outbox is not None
+            done = await _outbox.push_entries(
+                self.store,
+                self.keys.outbox,
+                [e for _, e in finish],
+                fallback=self.fallback_result_list,
+                dedup_ttl=self.dedup_ttl,
+            )
+            if self._after_outbox_step is not None:
+                await self._after_outbox_step(2)
+            await _outbox.drop_entries(self.store, self.keys.outbox, list(done))
+            for i, e in finish:
+                # Not in `done`: another replayer re-aimed and finished it meanwhile.
+                was = out[i]
+                mine = owned[i] if i in owned else was is not None and was[1]
+                out[i] = (done.get(e.field, False), mine)
+        return [r if r is not None else (False, False) for r in out]
+
+    def _entry(self, it: AckItem, result_list: str) -> _outbox.OutboxEntry:
+        return _outbox.OutboxEntry(
+            field=_keys.outbox_field(it.id, it.token).encode(),
+            list=result_list,
+            request_token=it.request_token,
+            record=it.record,
+            id=it.id,
+        )
+
+    async def _ack_local(
+        self,
+        items: Sequence[AckItem],
+        name: str,
+        indexes: Sequence[int],
+        out: list[tuple[bool, bool] | None],
+    ) -> list[tuple[int, _outbox.OutboxEntry]]:
+        """``lua/ack-local-9.lua`` on the items ``indexes`` (all aimed at ``name``, in the
+        queue's slot); fills ``out`` and returns the items it moved into the outbox for the
+        fallback list instead (``name`` could not take records)."""
+        k = self.keys
+        assert k.outbox is not None
+        r = _keys.ResultKeys.for_list(name)
+        fallback = self.fallback_result_list
+        keys = [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.outbox, *r.types()]
+        moved: list[tuple[int, _outbox.OutboxEntry]] = []
+        for chunk in _chunks(indexes):
+            args: list[Arg] = [self.dedup_ttl, "1" if name == fallback else "0", fallback]
+            for i in chunk:
+                it = items[i]
+                field = _keys.outbox_field(it.id, it.token)
+                args += [it.id, it.token, it.request_token, it.record, it.member, field]
+            reply = await self.store.run(script("ack-local"), keys, args)
+            for i, (p, o, m) in zip(
+                chunk, zip(reply[0::3], reply[1::3], reply[2::3], strict=True), strict=True
+            ):
+                out[i] = (bool(_int(p)), bool(_int(o)))
+                if _int(m):
+                    moved.append((i, self._entry(items[i], fallback)))
+        return moved
+
+    async def _move_to_outbox(self, items: Sequence[AckItem]) -> list[MoveCode]:
+        """Step 1 of an ack across slots (``lua/ack-outbox-6.lua``): one code per item."""
+        k = self.keys
+        assert k.outbox is not None
+        args: list[Arg] = []
+        for it in items:
+            field = _keys.outbox_field(it.id, it.token)
+            args += [it.id, it.token, it.request_token, it.result_list, it.record, it.member]
+            args.append(field)
+        reply = await self.store.run(
+            script("ack-outbox"),
+            [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.outbox],
+            args,
+        )
+        return [MoveCode(_int(v)) for v in reply]
+
     # -- park (docs/protocol.md#park-for-retry) ------------------------------------------------
 
     async def park(
         self, items: Sequence[tuple[str, str, float, bytes]]
     ) -> tuple[float, list[ParkCode]]:
-        """Move ``(id, token, delay_seconds, retry_member)`` claims to :attr:`retry_set`,
-        fenced; the retry mover (:meth:`move_retries`) reads the same set.
+        """Move ``(id, token, delay_seconds, retry_member)`` claims to :attr:`retry_set`
+        (on a cluster the queue's own, in its slot), fenced; the retry mover
+        (:meth:`move_retries`) reads the same set.
         Returns ``(server_now, codes)``: one :class:`ParkCode` per item."""
         now = 0.0
         codes: list[ParkCode] = []
@@ -344,9 +578,12 @@ class QueueOps:
     ) -> tuple[ReclaimCounts, bool, bool]:
         k = self.keys
         scan = self._orphan_scan
+        keys = [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead]
+        if k.outbox is not None:
+            keys.append(k.outbox)  # dead letters' records go through it (cluster)
         reply = await self.store.run(
-            script("reclaim"),
-            [k.pending, k.claimed, k.owners, k.index, k.deliveries, k.dead],
+            script("reclaim-cluster" if self.cluster else "reclaim"),
+            keys,
             [
                 limit,
                 max_deliveries,
@@ -384,6 +621,11 @@ class QueueOps:
         until the scan has walked both claim hashes once, so every orphan present when it
         started is found. No call reads more than one page of ``scan_count`` fields.
 
+        On a cluster the run ends by finishing the queue's outbox (:meth:`replay_outbox`,
+        pages of ``scan_count`` fields): records an ack left half-way when its process died,
+        and the run's own dead letters' records, whose lists may live in another slot.
+        They count in ``replayed``.
+
         Raises:
             ValueError: ``limit`` or ``scan_count`` is below 1.
             StoreUnavailable, StoreError: from the store; calls made before stay applied.
@@ -401,14 +643,34 @@ class QueueOps:
             if more:
                 continue
             if not full_scan or cycle_done:
-                return total
+                break
+        if self.cluster:
+            finished, _pushed = await self.replay_outbox(page=scan_count)
+            total += ReclaimCounts(replayed=finished)
+        return total
 
     # -- the consumer's other calls: retry mover, backlog, key types ---------------------------
 
     async def move_retries(self, *, limit: int = CHUNK) -> tuple[int, int]:
-        """:func:`move_retries` on :attr:`retry_set` (shared by every queue: call it on one
-        queue's ops only). Returns ``(moved, dead)``."""
-        return await move_retries(self.store, self.retry_set, limit=limit)
+        """The retry mover on :attr:`retry_set` (docs/protocol.md#retry-mover). Standalone:
+        :func:`move_retries`, the set every queue shares (call it once for all queues that
+        share it). Cluster: the queue's own set, in its slot (``lua/move-retries-queue-3.lua``:
+        a member naming another queue is unroutable there and goes to the dead set);
+        call it for every queue. Calls repeat until none is due. Returns ``(moved, dead)``."""
+        if not self.cluster:
+            return await move_retries(self.store, self.retry_set, limit=limit)
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        k = self.keys
+        moved = dead = 0
+        more = True
+        while more:
+            reply = await self.store.run(
+                script("move-retries-queue"), [k.retry_set, k.retry_dead, k.pending], [limit]
+            )
+            m, d, more_flag = (_int(v) for v in reply)
+            moved, dead, more = moved + m, dead + d, bool(more_flag)
+        return moved, dead
 
     async def backlog(self) -> int:
         """How many requests are pending: ``ZCARD <q>``."""
@@ -425,7 +687,8 @@ class QueueProtocol(Protocol):
     consumer makes goes through one of these, save a ``redis`` gate's own budget read.
 
     Attributes and methods, as on :class:`QueueOps`: ``queue``, ``routing`` (the queue's
-    :class:`~claimkit.protocol.routing.ResultRouting`), ``result_list``,
+    :class:`~claimkit.protocol.routing.ResultRouting`), ``result_list``, ``retry_set``
+    (the retry set :meth:`move_retries` drains: queues with the same one need one mover),
     ``result_list_for``, ``peek``, ``dead_letter``, ``claim``, ``renew``, ``ack``,
     ``park``, ``release``, ``reclaim``, ``move_retries``, ``backlog``,
     ``first_wrong_type``. Times are Unix seconds on the Redis server clock; each call
@@ -441,6 +704,9 @@ class QueueProtocol(Protocol):
 
     @property
     def result_list(self) -> str | None: ...
+
+    @property
+    def retry_set(self) -> str: ...
 
     def result_list_for(self, member_result_list: str | None) -> str: ...
 

@@ -20,7 +20,9 @@ __all__ = [
     "ClaimCode",
     "InspectClaim",
     "InspectReply",
+    "MoveCode",
     "ParkCode",
+    "PushCode",
     "ReclaimCounts",
     "ReleaseCode",
     "RenewCode",
@@ -40,6 +42,31 @@ class ClaimCode(enum.IntEnum):
     """Claimed, and its ``request-cancel:<id>`` marker holds its ``request_token``."""
     BUSY = 3
     """The id already has a live claim (a reused id): left pending."""
+
+
+class MoveCode(enum.IntEnum):
+    """Per-record replies of an ack across slots, step 1 (``lua/ack-outbox-6.lua``,
+    docs/topology.md#acks-across-slots)."""
+
+    SUPPRESSED = 0
+    """Neither the caller's claim nor the exact member pending: nothing written."""
+    MOVED_OWNED = 1
+    """The caller's claim moved into the outbox (its entries deleted)."""
+    MOVED_WITHDRAWN = 2
+    """The exact member was pending again: withdrawn, its record into the outbox."""
+    ALREADY_MOVED = 3
+    """The outbox already held ``<id>\\0<token>`` (an earlier call's reply was lost)."""
+
+
+class PushCode(enum.IntEnum):
+    """Per-record replies of the push step (``lua/push-result-3.lua``,
+    docs/topology.md#acks-across-slots)."""
+
+    UNUSABLE = -1
+    """The list (or one of its marker keys) holds another type: nothing was written."""
+    SUPPRESSED = 0
+    """Its marker says the record is already there."""
+    PUSHED = 1
 
 
 class RenewCode(enum.IntEnum):
@@ -91,6 +118,9 @@ class ReclaimCounts:
     want of a payload. ``orphans`` counts the claims found without a lease entry
     (docs/protocol.md, "Claims without a lease entry"); each of them is also counted in
     ``leases_restored`` (given its lease back, not redelivered) or ``ghosts``.
+    ``replayed`` (Redis Cluster only, else 0) counts the outbox entries the run finished:
+    records left half-way by an ack across slots, and the run's own dead letters' records
+    (docs/topology.md#acks-across-slots).
     """
 
     redelivered: int = 0
@@ -98,6 +128,7 @@ class ReclaimCounts:
     ghosts: int = 0
     orphans: int = 0
     leases_restored: int = 0
+    replayed: int = 0
 
     def __add__(self, other: ReclaimCounts) -> ReclaimCounts:
         return ReclaimCounts(
@@ -106,6 +137,7 @@ class ReclaimCounts:
             self.ghosts + other.ghosts,
             self.orphans + other.orphans,
             self.leases_restored + other.leases_restored,
+            self.replayed + other.replayed,
         )
 
 

@@ -7,15 +7,16 @@ an include, pasted in where a script says ``-- @include _name``. Stores run a sc
 EVALSHA and load it on NOSCRIPT, so a Redis restart or ``SCRIPT FLUSH`` costs one extra
 round trip, never an error.
 
-Every script's source starts with the shebang line :data:`SHEBANG` (``#!lua``, no flags),
-in every topology: a Redis Cluster node then refuses a script that touches a key of a slot
-other than its declared keys' (a script without a shebang is let through for backward
-compatibility), so a script can never write one slot and then fail on another
-(docs/topology.md#cluster-key-layout). Redis 7.0 or later (Valkey 7.2 or later) reads
-the line; with no flags a script runs as before on a standalone server, except that one
-started while Redis is over ``maxmemory`` is refused before it runs at all (Redis's
-``deny-oom`` default for scripts that may write), where a script without a shebang was
-refused at its first write: either way nothing is written.
+Every script's source starts with a shebang line, in every topology: :data:`SHEBANG`
+(``#!lua``, no flags), or ``#!lua flags=no-writes`` for a read-only script whose file has
+the line ``-- @flags no-writes``. With a shebang a Redis Cluster node refuses a script that
+touches a key of another slot than its declared keys' (a script without one is let through
+for backward compatibility), so no script can write one slot and then fail on another
+(docs/topology.md#cluster-key-layout). Redis 7.0 or later (Valkey 7.2 or later) reads the
+line. On a standalone server a script runs as it did without it, but for one thing: while
+Redis is over ``maxmemory`` a script that may write is refused before it runs at all
+(Redis's ``deny-oom`` default), where one without a shebang was refused at its first
+write; either way nothing is written. A ``no-writes`` script still runs then.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ SHEBANG = "#!lua\n"
 
 _NAME = re.compile(r"^(?P<verb>[a-z-]+)-(?P<numkeys>\d+)\.lua$")
 _INCLUDE = re.compile(r"^-- @include (?P<name>_[a-z-]+)\s*$", re.MULTILINE)
+_FLAGS = re.compile(r"^-- @flags (?P<flags>[a-z-]+(?:,[a-z-]+)*)\s*$", re.MULTILINE)
+_KNOWN_FLAGS = frozenset({"no-writes", "allow-oom", "allow-stale", "no-cluster"})
 
 
 class ScriptError(RuntimeError):
@@ -51,7 +54,8 @@ class Script:
     Attributes:
         name: the verb, e.g. ``"claim"``.
         numkeys: how many ``KEYS`` the script declares (from its file name).
-        source: the full Lua text sent to Redis: :data:`SHEBANG`, then the file with its
+        source: the full Lua text sent to Redis: its shebang line (:data:`SHEBANG`, or
+            ``#!lua flags=...`` for a file with a ``-- @flags`` line), then the file with its
             includes resolved.
         sha1: the hex SHA1 Redis knows the script by.
         writes: whether the script may write: every script but those whose header's first
@@ -115,6 +119,21 @@ def _writes(source: str) -> bool:
     return "read-only" not in lines[opening + 1].lower()
 
 
+def _shebang(name: str, text: str) -> str:
+    """The shebang line of the script ``text``: :data:`SHEBANG`, with the flags its
+    ``-- @flags`` line names (at most one such line, Redis's flag names only)."""
+    found = _FLAGS.findall(text)
+    if not found:
+        return SHEBANG
+    if len(found) > 1:
+        raise ScriptError(f"{name}: more than one -- @flags line")
+    flags = found[0].split(",")
+    unknown = sorted(set(flags) - _KNOWN_FLAGS)
+    if unknown:
+        raise ScriptError(f"{name}: unknown script flag {unknown[0]!r}")
+    return f"#!lua flags={','.join(flags)}\n"
+
+
 @cache
 def all_scripts() -> dict[str, Script]:
     """Every script by verb. Raises :class:`ScriptError` when the folder is broken."""
@@ -126,7 +145,8 @@ def all_scripts() -> dict[str, Script]:
         match = _NAME.match(path.name)
         if match is None:
             raise ScriptError(f"{path.name}: a script is named <verb>-<numkeys>.lua")
-        source = SHEBANG + _resolve(path.read_text(encoding="utf-8"), folder, set())
+        text = path.read_text(encoding="utf-8")
+        source = _shebang(path.name, text) + _resolve(text, folder, set())
         sha1 = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
         verb = match.group("verb")
         found[verb] = Script(verb, int(match.group("numkeys")), source, sha1, _writes(source))
