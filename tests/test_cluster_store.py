@@ -12,6 +12,7 @@ import pytest
 import trio
 from cluster import RedisCluster, redis_cluster
 
+from claimkit.config import ConfigError
 from claimkit.store import StoreError, StoreUnavailable, open_store
 from claimkit.store.cluster_store import NotACluster
 from claimkit.store.scripts import Script
@@ -253,3 +254,40 @@ def closed_port() -> int:
     from support import closed_port as pick
 
     return pick()
+
+
+async def test_the_redispy_backend_refuses_cluster_and_sentinel_in_one_line(
+    redis_url: str,
+) -> None:
+    for topology in (Topology("cluster"), Topology("sentinel", master_name="m")):
+        with pytest.raises(ConfigError) as info:
+            async with open_store(redis_url, backend="redispy", topology=topology):
+                raise AssertionError("opened")
+        assert str(info.value) == (
+            f'mode "{topology.mode}" needs the coredis store backend: the redispy backend '
+            "serves a standalone Redis only (docs/store-backends.md)"
+        )
+
+
+async def test_open_store_checks_the_topology_before_connecting() -> None:
+    with pytest.raises(ConfigError) as info:
+        async with open_store("redis://127.0.0.1:1/3", topology=Topology("cluster")):
+            raise AssertionError("opened")
+    assert str(info.value) == (
+        'mode "cluster" does not support selecting database 3; use database 0 in url'
+    )
+
+
+def test_a_crossslot_reply_is_a_store_error_with_its_text() -> None:
+    import coredis.exceptions as cx
+
+    from claimkit.store.coredis_store import _translate
+
+    reply = cx.ClusterCrossSlotError("Keys in request don't hash to the same slot")
+    for cluster in (True, False):
+        error = _translate(reply, cluster=cluster)
+        assert type(error) is StoreError
+        assert str(error) == "CROSSSLOT Keys in request don't hash to the same slot"
+    down = _translate(cx.ClusterDownError("The cluster is down"), cluster=True)
+    assert type(down) is StoreUnavailable
+    assert str(down) == "CLUSTERDOWN The cluster is down"

@@ -9,7 +9,7 @@ import logging
 import signal
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
 
@@ -17,7 +17,7 @@ from claimkit.config import Config, ConfigError
 from claimkit.consumer.consumer import Consumer, Summary, check_key_roles, key_roles
 from claimkit.consumer.health import HttpBindError, serve_http
 from claimkit.protocol.ops import first_wrong_type
-from claimkit.store import Store, StoreUnavailable, open_store
+from claimkit.store import Store, StoreError, StoreUnavailable, open_store
 from claimkit.store.server_checks import eviction_policy
 
 if TYPE_CHECKING:
@@ -83,16 +83,19 @@ async def _preflight(store: Store, config: Config, *, allow_eviction: bool = Fal
     """Refuse to start on a mistake that retrying cannot mend: a wrong password (StoreError)
     or any key serve uses holding another type than the one docs/protocol.md#keys gives it
     (:func:`key_roles`: each queue's own keys, the retry set and its dead set, the result
-    lists, a gate's budget key; keys that do not exist are fine), a Redis Cluster node, or a
-    server that may evict any key (:func:`_check_eviction`). Redis merely unreachable is not
-    one of them: the consumer starts and retries until it answers
-    (docs/protocol.md#tasks-and-shutdown).
+    lists, a gate's budget key; keys that do not exist are fine), a server of another mode
+    than the config's (a Redis Cluster node in standalone mode, or no cluster node in
+    cluster mode; docs/topology.md#configuration), or a server that may evict any key
+    (:func:`_check_eviction`; on a cluster, any primary). Redis merely unreachable is not one
+    of them: the consumer starts and retries until it answers
+    (docs/protocol.md#tasks-and-shutdown). After a sentinel failover it runs again against
+    the promoted primary (:class:`_AfterFailovers`, docs/topology.md#sentinel).
 
     Raises:
         WrongKeyType: one line naming the key, the type it holds and the type expected.
         ConfigError: one key would have to be two types (:func:`key_roles`), or Redis
             evicts any key and ``allow_eviction`` is false.
-        ClusterUnsupported: Redis is a Redis Cluster node.
+        ClusterUnsupported, NotACluster: the server's mode is not the config's.
     """
     roles = key_roles(config)
     try:
@@ -100,6 +103,48 @@ async def _preflight(store: Store, config: Config, *, allow_eviction: bool = Fal
         await _check_eviction(store, allow_eviction=allow_eviction)
     except StoreUnavailable as exc:
         log.warning("claimkit: Redis is unavailable at start (%s); retrying until it answers", exc)
+
+
+class _FollowsFailovers(Protocol):
+    """A store whose server can change under it (a sentinel store, docs/topology.md#sentinel)."""
+
+    topology_changes: int
+
+    async def topology_changed(self, seen: int) -> int: ...
+
+
+class _AfterFailovers:
+    """Reruns the preflight (:func:`_preflight`) once after each failover of a sentinel
+    store, while the consumer runs: the new primary gets the same checks as the first one
+    (key types, eviction policy). A refusal there stops the consumer, and :meth:`raise_refusal`
+    raises it after the shutdown, as the start-up refusal would have been raised."""
+
+    def __init__(self, store: Store, config: Config, allow_eviction: bool) -> None:
+        self._store = store
+        self._config = config
+        self._allow_eviction = allow_eviction
+        self.refusal: Exception | None = None
+
+    def applies(self) -> bool:
+        return callable(getattr(self._store, "topology_changed", None))
+
+    async def run(self, consumer: Consumer, *, task_status: trio.TaskStatus[None]) -> None:
+        store = cast("_FollowsFailovers", self._store)
+        seen = store.topology_changes
+        task_status.started()
+        while True:
+            seen = await store.topology_changed(seen)
+            try:
+                await _preflight(self._store, self._config, allow_eviction=self._allow_eviction)
+            except (ConfigError, StoreError) as exc:
+                self.refusal = exc
+                log.error("claimkit: after the failover: %s; stopping", exc)
+                consumer.request_stop()
+                return
+
+    def raise_refusal(self) -> None:
+        if self.refusal is not None:
+            raise self.refusal
 
 
 def _bind_error_line(exc: HttpBindError, config: Config) -> str:
@@ -172,7 +217,9 @@ async def serve_forever(
     Raises:
         ConfigError: a port is taken, a gate is misconfigured, or Redis may evict any key
             (one line).
-        ClusterUnsupported: Redis is a Redis Cluster node (one line).
+        ClusterUnsupported, NotACluster: the server's mode is not the config's (one line).
+        ConfigError, StoreError: the preflight rerun after a sentinel failover refused the
+            promoted primary (one line; the consumer stopped first).
     """
     with _signals_while_starting() as early:
         return await _serve(config, backend, early, allow_eviction)
@@ -215,11 +262,15 @@ async def _serve(
                 bound.get("health", "off"),
                 f", on {config.http_host}" if bound else "",
             )
+            failovers = _AfterFailovers(store, config, allow_eviction)
             async with trio.open_nursery() as nursery:
                 await nursery.start(_signals, consumer, early)
+                if failovers.applies():
+                    await nursery.start(failovers.run, consumer)
                 summary = await consumer.run()
                 nursery.cancel_scope.cancel()
             early.restore()  # the claims are swept: a signal now may end the teardown
+            failovers.raise_refusal()
             return summary
         finally:
             servers.__exit__(None, None, None)

@@ -124,11 +124,12 @@ class ClusterStore(CoredisStore):
 
     # -- routing ----------------------------------------------------------------------------
 
-    def _request(self, args: Sequence[Arg], slot: int | None = None) -> CommandRequest[Any]:
+    def _request(self, args: Sequence[Arg]) -> CommandRequest[Any]:
+        """A command coredis routes by its keys; one without keys goes to slot 0's primary."""
         name = str(args[0]).upper().encode()
         request = CommandRequest(name, *_wrap(args), callback=_NOOP, execution_parameters={})
         if not key_positions(args):
-            request.route(0 if slot is None else slot)
+            request.route(0)
         return request
 
     async def _acl_log(self) -> Any:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import coredis
 import coredis.exceptions as cx
+import trio
 from coredis.connection import TCPLocation
 from coredis.retry import NoRetryPolicy
 
@@ -72,6 +73,17 @@ class SentinelStore(CoredisStore):
         self.master_name = master_name
         self.primary: str | None = None
         self.topology_changes = 0
+        self._changed = trio.Event()
+
+    async def topology_changed(self, seen: int) -> int:
+        """Wait until :attr:`topology_changes` is above ``seen`` (at once if it is
+        already); return it. A caller keeps the value returned as its next ``seen``, so no
+        change is missed between two waits.
+
+        Cancellation: nothing to undo."""
+        while self.topology_changes <= seen:
+            await self._changed.wait()
+        return self.topology_changes
 
     def _noticed(self) -> None:
         """Compare the pool's primary with the one last seen; log a change once."""
@@ -87,6 +99,8 @@ class SentinelStore(CoredisStore):
                 self.primary,
             )
             self.topology_changes += 1
+            self._changed.set()
+            self._changed = trio.Event()
         self.primary = name
 
     def _failed(self, exc: BaseException) -> None:

@@ -111,10 +111,28 @@ class StandaloneOnly:
         self.info: dict[str, str] | None = None
         self._checked = False
         self._refusal: ClusterUnsupported | None = None
+        self._checked_at = self.topology_changes
+
+    def __getattr__(self, name: str) -> Any:
+        # What the inner store has beyond the Store protocol (a sentinel store's
+        # topology_changes and topology_changed) passes through.
+        if name.startswith("__") or name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    @property
+    def topology_changes(self) -> int:
+        """How often the inner store's server changed (a sentinel failover), else 0."""
+        return int(getattr(self._inner, "topology_changes", 0))
 
     async def _check(self) -> None:
         if self._refusal is not None:
             raise self._refusal
+        if self._checked_at != self.topology_changes:
+            # Another server since the check (a failover): check the new one.
+            self._checked_at = self.topology_changes
+            self._checked = False
+            self.info = None
         if self._checked:
             return
         try:

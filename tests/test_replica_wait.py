@@ -1,0 +1,193 @@
+"""The ``wait_replicas`` knob (docs/topology.md#failover): a writing script's call is
+followed on its connection by ``WAIT n timeout_ms``; fewer confirmations raise
+:class:`StoreUnavailable` in one line; read-only scripts never wait. On a real primary and
+its replica (``--replicaof``), and on a real cluster."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+from cluster import RedisCluster, redis_cluster
+from support import command_calls, wait_until
+
+from claimkit.dev.resp_client import call
+from claimkit.store import StoreUnavailable, open_store
+from claimkit.store.scripts import Script, all_scripts
+from claimkit.store.slots import key_slot
+from claimkit.store.topology import Topology
+
+if TYPE_CHECKING:
+    from conftest import RedisFactory
+
+    from claimkit.dev.redis_server import RedisServer
+
+__all__ = ["redis_cluster"]  # the fixture, imported for pytest
+
+
+def _script(name: str, source: str, *, writes: bool) -> Script:
+    return Script(name, 2, source, hashlib.sha1(source.encode()).hexdigest(), writes)
+
+
+SET_INCR = _script(
+    "set-incr",
+    "redis.call('SET', KEYS[1], ARGV[1]); return redis.call('INCR', KEYS[2])",
+    writes=True,
+)
+READ = _script("read-two", "return {redis.call('GET', KEYS[1]), KEYS[2]}", writes=False)
+
+
+def test_inspect_is_the_one_read_only_script() -> None:
+    assert sorted(s.name for s in all_scripts().values() if not s.writes) == ["inspect"]
+
+
+@pytest.fixture
+def pair(redis_factory: RedisFactory) -> tuple[RedisServer, RedisServer]:
+    # Diskless sync at once (by default the primary waits 5 s for more replicas).
+    primary = redis_factory(extra_args=["--repl-diskless-sync-delay", "0"])
+    replica = redis_factory(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
+
+    def linked() -> bool:
+        info = call(replica.port, [["INFO", "replication"]], 5.0)[0]
+        return isinstance(info, bytes) and b"master_link_status:up" in info
+
+    wait_until("the replica linked", linked)
+    return primary, replica
+
+
+def _get(server: RedisServer, key: str) -> Any:
+    return call(server.port, [["GET", key]], 5.0)[0]
+
+
+async def test_writes_wait_for_the_replica_and_reads_do_not(
+    pair: tuple[RedisServer, RedisServer],
+) -> None:
+    """Once a call returns, the replica has its writes: no polling needed."""
+    primary, replica = pair
+    with trio.fail_after(20):
+        async with open_store(primary.url, wait_replicas=1, wait_timeout_ms=5000) as store:
+            before = (await command_calls(store)).get("wait", 0)
+            assert await store.run(SET_INCR, ["a", "n"], ["1"]) == 1
+            assert _get(replica, "a") == b"1"
+            assert await store.run_many(SET_INCR, [(["b", "n"], ["2"]), (["c", "n"], ["3"])]) == [
+                2,
+                3,
+            ]
+            assert [_get(replica, k) for k in ("b", "c", "n")] == [b"2", b"3", b"3"]
+            assert await store.run(READ, ["a", "x"], []) == [b"1", b"x"]
+            assert await store.run_many(READ, [(["b", "x"], []), (["c", "y"], [])]) == [
+                [b"2", b"x"],
+                [b"3", b"y"],
+            ]
+            # One WAIT per writing call's pipeline, none for the read-only script; the
+            # first call also loaded the script (NOSCRIPT, then EVAL): one WAIT after each.
+            assert (await command_calls(store)).get("wait", 0) - before == 3
+
+
+async def test_no_wait_without_the_knob(pair: tuple[RedisServer, RedisServer]) -> None:
+    primary, _ = pair
+    with trio.fail_after(20):
+        async with open_store(primary.url) as store:
+            before = (await command_calls(store)).get("wait", 0)
+            assert await store.run(SET_INCR, ["a", "n"], ["1"]) == 1
+            assert await store.run_many(SET_INCR, [(["b", "n"], ["2"])]) == [2]
+            assert (await command_calls(store)).get("wait", 0) == before
+
+
+async def test_a_write_no_replica_confirms_is_unavailable_in_one_line(
+    pair: tuple[RedisServer, RedisServer],
+) -> None:
+    """The replica is stopped: the script ran on the primary, but WAIT answers 0 of 1
+    within the 50 ms allowed, so the call counts as not done (StoreUnavailable)."""
+    primary, replica = pair
+    replica.kill()
+    expected = (
+        f"Redis at {primary.url}: a set-incr call reached 0 of 1 replicas within 50 ms "
+        "(wait_replicas); it may be lost in a failover, so it counts as not done "
+        "(docs/topology.md#failover)"
+    )
+    with trio.fail_after(20):
+        async with open_store(primary.url, wait_replicas=1, wait_timeout_ms=50) as store:
+            with pytest.raises(StoreUnavailable) as single:
+                await store.run(SET_INCR, ["a", "n"], ["1"])
+            with pytest.raises(StoreUnavailable) as batch:
+                await store.run_many(SET_INCR, [(["b", "n"], ["2"]), (["c", "n"], ["3"])])
+            # Read-only calls do not wait, so they still answer.
+            assert await store.run(READ, ["a", "x"], []) == [b"1", b"x"]
+    assert str(single.value) == expected
+    assert str(batch.value) == expected
+    assert _get(primary, "n") == b"3"  # the scripts ran: only their durability is unknown
+
+
+async def test_the_noscript_fallback_waits_too(pair: tuple[RedisServer, RedisServer]) -> None:
+    primary, replica = pair
+    with trio.fail_after(20):
+        async with open_store(primary.url, wait_replicas=1, wait_timeout_ms=5000) as store:
+            assert await store.command("SCRIPT", "FLUSH") == b"OK"
+            before = (await command_calls(store)).get("wait", 0)
+            assert await store.run_many(SET_INCR, [(["b", "n"], ["2"])]) == [1]
+            assert _get(replica, "b") == b"2"
+            # One WAIT after the refused EVALSHA, one after the EVAL that ran it.
+            assert (await command_calls(store)).get("wait", 0) - before == 2
+
+
+@pytest.mark.redispy
+async def test_the_redispy_backend_waits_too(pair: tuple[RedisServer, RedisServer]) -> None:
+    primary, replica = pair
+    with trio.fail_after(20):
+        async with open_store(
+            primary.url, backend="redispy", wait_replicas=1, wait_timeout_ms=5000
+        ) as store:
+            assert await store.run(SET_INCR, ["a", "n"], ["1"]) == 1
+            assert _get(replica, "a") == b"1"
+        replica.kill()
+        async with open_store(
+            primary.url, backend="redispy", wait_replicas=1, wait_timeout_ms=50
+        ) as store:
+            with pytest.raises(StoreUnavailable) as info:
+                await store.run(SET_INCR, ["a", "n"], ["2"])
+    assert str(info.value).startswith(f"Redis at {primary.url}: a set-incr call reached 0 of 1 ")
+
+
+def _replicas_per_master(cluster: RedisCluster) -> list[int]:
+    counts = []
+    for i in range(len(cluster.nodes)):
+        role = cluster.call(i, "ROLE")
+        if role[0] == b"master":
+            counts.append(len(role[2]))
+    return counts
+
+
+async def test_on_a_cluster_each_node_waits_for_its_own_replicas(
+    redis_cluster: RedisCluster,
+) -> None:
+    """Calls of three slots, one per primary, in one run_many: a WAIT follows the last call
+    of each node, on that node's connection. With a replica per primary every call is
+    confirmed; a cluster without replicas confirms none (0 of 1)."""
+    addrs = tuple(u.removeprefix("redis://").split("/")[0] for u in redis_cluster.urls[1:])
+    calls: list[tuple[list[str], list[Any]]] = [
+        ([f"{{{tag}}}:v", f"{{{tag}}}:n"], [tag]) for tag in ("a", "b", "c", "a")
+    ]
+    assert len({key_slot(keys[0]) for keys, _ in calls}) == 3
+    with trio.fail_after(30):
+        async with open_store(
+            redis_cluster.url,
+            topology=Topology("cluster", addrs),
+            wait_replicas=1,
+            wait_timeout_ms=2000 if min(_replicas_per_master(redis_cluster)) else 50,
+        ) as store:
+            for key in ("{a}:n", "{b}:n", "{c}:n"):
+                await store.command("DEL", key)
+            if min(_replicas_per_master(redis_cluster)) >= 1:
+                assert await store.run_many(SET_INCR, calls) == [1, 1, 1, 2]
+            else:
+                with pytest.raises(StoreUnavailable) as info:
+                    await store.run_many(SET_INCR, calls)
+                assert str(info.value) == (
+                    f"Redis at {redis_cluster.url}: a set-incr call reached 0 of 1 replicas "
+                    "within 50 ms (wait_replicas); it may be lost in a failover, so it counts "
+                    "as not done (docs/topology.md#failover)"
+                )
+                assert await store.run(READ, ["{a}:v", "{a}:x"], []) == [b"a", b"{a}:x"]
