@@ -32,7 +32,7 @@ from claimkit.protocol.keys import (
     results_holding_prefix,
     slot_key,
 )
-from claimkit.protocol.models import max_deliveries_message
+from claimkit.protocol.models import ErrorCode, TerminalRecord, max_deliveries_message
 from claimkit.store import open_store
 from claimkit.store.topology import Topology
 
@@ -293,6 +293,96 @@ async def test_inspect_watch_on_a_cluster(redis_cluster: RedisCluster) -> None:
                 refreshes=1,
             )
     assert "dead 0  outbox 1  results 0" in out.getvalue()
+
+
+# -- drain and reclaim ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("queue", "results"), LAYOUTS)
+def test_drain_releases_every_claim_at_its_score(
+    redis_cluster: RedisCluster, queue: str, results: str
+) -> None:
+    k = QueueKeys.for_queue(queue, cluster=True)
+    now = server_now(redis_cluster)
+    t0 = int(now)
+    seed(
+        redis_cluster,
+        *claim(k, "c1", token=TOKEN_A, expiry=now + 300, score=t0 + 10),
+        *claim(k, "c2", token=TOKEN_B, expiry=now + 300, score=t0 + 20),
+        *claim(k, "c3", token=TOKEN_A, expiry=now + 300, score=t0 + 30)[:2],  # no lease entry
+    )
+    conf = transport(redis_cluster, queue, results)
+    before = keyspace(redis_cluster)
+    dry = ok(
+        invoke(["drain", "-q", queue, "--release-all", "--dry-run", "--transport-config", conf])
+    )
+    assert dry.splitlines()[-1] == (
+        f"claimkit drain {queue}: dry run: would release 3 of 3 claims (0 ghosts skipped); "
+        "nothing changed"
+    )
+    assert keyspace(redis_cluster) == before
+    done = ok(invoke(["drain", "-q", queue, "--release-all", "--transport-config", conf]))
+    assert done == (
+        f"claimkit drain {queue}: released=3 of 3 claims gone=0 renewed=0 other_owner=0 ghosts=0\n"
+    )
+    assert keyspace(redis_cluster) == {
+        queue: [(member(f"c{i}", t0 + 10 * i), float(t0 + 10 * i)) for i in (1, 2, 3)]
+    }
+    again = ok(invoke(["drain", "-q", queue, "--release-all", "--transport-config", conf]))
+    assert again == (
+        f"claimkit drain {queue}: released=0 of 0 claims gone=0 renewed=0 other_owner=0 ghosts=0\n"
+    )
+
+
+@pytest.mark.parametrize(("queue", "results"), LAYOUTS)
+def test_reclaim_once_redelivers_dead_letters_and_replays_the_outbox(
+    redis_cluster: RedisCluster, queue: str, results: str
+) -> None:
+    """An expired claim goes back to pending; one at max_deliveries is dead-lettered and its
+    record goes through the outbox to the list; an entry a crashed ack left in the outbox is
+    pushed once, under its marker."""
+    k = QueueKeys.for_queue(queue, cluster=True)
+    m = ResultKeys.for_list(results)
+    now = server_now(redis_cluster)
+    t0 = int(now)
+    left = b'{"id":"o1","payload":"{}","status_code":200}'
+    entry = {"list": results, "request_token": "g-o1", "record": left.decode(), "id": "o1"}
+    seed(
+        redis_cluster,
+        *claim(k, "c1", token=TOKEN_A, expiry=now - 10, score=t0 + 10),
+        *claim(k, "c2", token=TOKEN_B, expiry=now - 10, score=t0 + 20),
+        ["HSET", k.deliveries, "c2", 9],
+        ["HSET", outbox(k), outbox_field("o1", "tok-o1"), json.dumps(entry)],
+    )
+    conf = transport(redis_cluster, queue, results)
+    shown = ok(invoke(["reclaim", "--once", "--transport-config", conf]))
+    assert shown == (
+        "claimkit reclaim: queues=1 redelivered=1 dead_lettered=1 ghosts=0 leases_restored=0 "
+        "replayed=2\n"
+    )
+    after = keyspace(redis_cluster)
+    dead_record = TerminalRecord.error(
+        "c2", ErrorCode.MAX_DELIVERIES_EXCEEDED, max_deliveries_message(10, 10)
+    ).to_json()
+    assert sorted(after[results]) == sorted([left, dead_record])
+    assert after[m.terminal] == {b"o1": b"g-o1", b"c2": b"1"}
+    ttl = 21600  # result_dedup_ttl_seconds' default
+    assert [name for name, _ in after[m.expiry]] == sorted([b"c2", b"o1"])
+    assert all(now + ttl - 1 <= score <= now + ttl + 60 for _, score in after[m.expiry])
+    assert [name for name, _ in after[k.dead]] == [member("c2", t0 + 20)]
+    del after[results], after[m.terminal], after[m.expiry], after[k.dead]
+    assert after == {queue: [(member("c1", t0 + 10), float(t0 + 10))], k.deliveries: {b"c1": b"1"}}
+
+    doc = json.loads(ok(invoke(["reclaim", "--once", "--json", "--transport-config", conf])))
+    zero = {
+        "redelivered": 0,
+        "dead_lettered": 0,
+        "ghosts": 0,
+        "orphans": 0,
+        "leases_restored": 0,
+        "replayed": 0,
+    }
+    assert doc == {"queues": {queue: zero}, **zero}
 
 
 # -- dead ----------------------------------------------------------------------------------------
