@@ -62,21 +62,31 @@ _SCRIPTS: dict[str, tuple[str, ...]] = {
     "producer": (),
     "operator": ("inspect", "release", "reclaim", "requeue-dead"),
 }
-# What a Redis Cluster adds (docs/topology.md#cluster-key-layout): every client reads the
+# On a Redis Cluster (docs/topology.md#cluster-key-layout) every client reads the
 # cluster's slot map (CLUSTER SLOTS) and follows an ASK redirect (ASKING) while a slot
-# migrates; inspect reads the queue's outbox (HLEN); dead requeue deletes markers in each
-# list's slot (its script).
+# migrates; the consumer and the reclaim run finish outbox entries (HSCAN a page, HDEL the
+# pushed); inspect reads the outbox's size (HLEN). The scripts are the cluster variants:
+# acks in one slot or through the outbox, per-list markers, per-queue retry sets; dead
+# requeue deletes markers in each list's slot.
 _CLUSTER_CLIENT = ("CLUSTER|SLOTS", "ASKING")
 _CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
-    "consumer": _CLUSTER_CLIENT,
+    "consumer": (*_CLUSTER_CLIENT, "HSCAN", "HDEL"),
     "producer": _CLUSTER_CLIENT,
-    "operator": (*_CLUSTER_CLIENT, "HLEN"),
+    "operator": (*_CLUSTER_CLIENT, "HLEN", "HSCAN", "HDEL"),
 }
 _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
-    "consumer": (),
+    "consumer": tuple(
+        "claim cancelled renew ack-local ack-outbox push-result outbox-aim park release "
+        "reclaim-cluster move-retries-queue dead-letter-outbox".split()
+    ),
     "producer": (),
-    "operator": ("drop-markers",),
+    "operator": tuple(
+        "inspect release reclaim-cluster push-result outbox-aim requeue-dead drop-markers".split()
+    ),
 }
+# With wait_replicas set, every call of a writing script is followed by WAIT
+# (docs/topology.md#failover): the consumer's, and drain's and reclaim's.
+_WAITS = ("consumer", "operator")
 # A command a script calls: named in the call, or in a table of commands (the key guard's
 # ``{ zset = 'ZCARD', ... }``).
 _LUA_CALL = re.compile(r"(?:redis\.p?call\(\s*|=\s*)['\"]([A-Z][A-Za-z]+)['\"]")
@@ -197,9 +207,13 @@ def acl_rule(
             key = budget_key(q)
             if key is not None:
                 keys.append(glob(key))
-    commands = {*_COMMANDS[role], *_lua_commands(_SCRIPTS[role])}
     if cluster:
-        commands |= {*_CLUSTER_COMMANDS[role], *_lua_commands(_CLUSTER_SCRIPTS[role])}
+        commands = {*_COMMANDS[role], *_CLUSTER_COMMANDS[role]}
+        commands |= _lua_commands(_CLUSTER_SCRIPTS[role])
+    else:
+        commands = {*_COMMANDS[role], *_lua_commands(_SCRIPTS[role])}
+    if config.wait_replicas > 0 and role in _WAITS:
+        commands.add("WAIT")
     return AclRule(
         role=role,
         commands=tuple(sorted(c.lower() for c in commands)),
