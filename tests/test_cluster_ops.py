@@ -443,6 +443,28 @@ def test_dead_list_requeue_purge(redis_cluster: RedisCluster, queue: str, result
     )
 
 
+def test_dead_list_judges_reserved_lists_by_the_cluster_names(redis_cluster: RedisCluster) -> None:
+    """A member whose own result list names a cluster key of the queue (its outbox) died
+    invalid; the standalone name of that key is no claimkit key on a cluster."""
+    k = QueueKeys.for_queue("q", cluster=True)
+    t0 = int(server_now(redis_cluster))
+    seed(
+        redis_cluster,
+        ["ZADD", k.dead, 1, member("r1", t0 + 600, result_queue_name=outbox(k))],
+        ["ZADD", k.dead, 2, member("r2", t0 + 600, result_queue_name="q:outbox")],
+    )
+    conf = transport(redis_cluster, "q", "results")
+    doc = json.loads(ok(invoke(["dead", "list", "-q", "q", "--json", "--transport-config", conf])))
+    assert [(d["id"], d["cause"], d["reason"]) for d in doc["dead"]] == [
+        (
+            "r1",
+            "invalid",
+            "Failed: internal.result_queue_name names a key claimkit uses: '{q}:outbox'",
+        ),
+        ("r2", "max_deliveries", max_deliveries_message(10, 10)),
+    ]
+
+
 @pytest.mark.parametrize(("queue", "results"), LAYOUTS)
 def test_dead_requeue_keep_marker_and_purge_by_id_and_age(
     redis_cluster: RedisCluster, queue: str, results: str
