@@ -84,7 +84,8 @@ class Producer:
     Args:
         store: an open :class:`~claimkit.store.Store`.
         queue: the pending ZSET ``<q>``.
-        result_list: the list :meth:`results` reads (default ``result-list``).
+        result_list: the list :meth:`results` reads (default ``result-list``); on a Redis
+            Cluster also the list whose dedup markers :meth:`cancel` consults.
     """
 
     def __init__(
@@ -93,6 +94,10 @@ class Producer:
         self.store = store
         self.queue = queue
         self.result_list = result_list
+        self.cluster = getattr(store, "mode", "standalone") == "cluster"
+        """Whether ``store`` is a Redis Cluster (``store.mode == "cluster"``): then no call
+        wraps keys of several slots in one MULTI
+        (docs/topology.md#retries-cancellation-and-the-producer)."""
 
     @staticmethod
     def envelope(request: Mapping[str, Any], token: str) -> dict[str, Any]:
@@ -188,6 +193,14 @@ class Producer:
         request-cancel:<id>``, ``SET request-active:<id> <token> PXAT <deadline ms>`` and
         ``ZADD <q> <deadline> <member>``.
 
+        On a Redis Cluster those keys live in different slots and no MULTI may span them
+        (docs/topology.md#retries-cancellation-and-the-producer): the writes go in three
+        round trips in a safe order, every ``DEL request-cancel:<id>``, then every ``SET
+        request-active:<id>``, then one ``ZADD`` of all members (the queue last: a request
+        is never pending without its active marker). A call that fails part-way has then
+        queued nothing, or (at the ``ZADD``, one command) everything; it may leave active
+        markers of requests never queued, which expire at their deadlines.
+
         Returns:
             The generated ``request_token`` (32 hex characters) of each request, in order.
             An empty input writes nothing and returns ``[]``.
@@ -209,23 +222,46 @@ class Producer:
             # Checked first: MULTI/EXEC does not roll back, so a failing ZADD would leave the
             # request-active marker of a request that was never queued.
             raise SubmitError(f"queue key {self.queue!r} holds a {kind}, not a sorted set")
-        commands: list[list[Arg]] = []
-        tokens: list[str] = []
+        written: list[tuple[str, str, int, bytes]] = []
         for index, request in enumerate(requests):
             token = secrets.token_hex(16)
             try:
                 rid, deadline, member = self._member(request, token, now)
             except SubmitError as exc:
                 raise SubmitError(str(exc), index=index) from None
+            written.append((rid, token, deadline, member))
+        if not written:
+            return []
+        if self.cluster:
+            await self._submit_in_order(written)
+            return [token for _, token, _, _ in written]
+        commands: list[list[Arg]] = []
+        for rid, token, deadline, member in written:
             commands += [
                 ["DEL", _keys.request_cancel(rid)],
                 ["SET", _keys.request_active(rid), token, "PXAT", deadline * 1000],
                 ["ZADD", self.queue, deadline, member.decode()],
             ]
-            tokens.append(token)
-        if commands:
-            await self.store.pipeline(commands, transaction=True)
-        return tokens
+        await self.store.pipeline(commands, transaction=True)
+        return [token for _, token, _, _ in written]
+
+    async def _submit_in_order(self, written: list[tuple[str, str, int, bytes]]) -> None:
+        """The cluster submit: cancel markers deleted, active markers set, then the queue,
+        each step one pipelined round trip, the next sent only once the last answered."""
+        await self.store.pipeline(
+            [["DEL", _keys.request_cancel(rid)] for rid, _, _, _ in written], transaction=False
+        )
+        await self.store.pipeline(
+            [
+                ["SET", _keys.request_active(rid), token, "PXAT", deadline * 1000]
+                for rid, token, deadline, _ in written
+            ],
+            transaction=False,
+        )
+        scored: list[Arg] = []
+        for _, _, deadline, member in written:
+            scored += [deadline, member.decode()]
+        await self.store.command("ZADD", self.queue, *scored)
 
     async def submit(self, request: Mapping[str, Any]) -> str:
         """Submit one request; see :meth:`submit_many`. Returns its ``request_token``."""
@@ -238,7 +274,8 @@ class Producer:
         when it next claims it; a request already being run is not interrupted.
 
         A generation whose terminal record was already pushed (``result-terminal:<id>``
-        holds its token, docs/protocol.md#keys) is finished: nothing is written. So is an
+        holds its token, docs/protocol.md#keys; on a Redis Cluster, the marker of
+        :attr:`result_list`) is finished: nothing is written. So is an
         unknown id or one past its deadline (``request-active:<id>`` has expired).
 
         Returns:
@@ -246,25 +283,62 @@ class Producer:
 
         Raises:
             SubmitError: ``request-active:<id>``, ``request-cancel:<id>`` or
-                ``result-terminal:<id>`` holds another Redis type than a string (one line
-                naming the key); nothing was written.
+                ``result-terminal:<id>`` holds another Redis type than a string (on a
+                cluster: the list's marker hash or expiry set another type than a hash or a
+                sorted set; one line naming the key); nothing was written.
             StoreUnavailable, StoreError: from the store.
         """
         active = _keys.request_active(request_id)
         cancel = _keys.request_cancel(request_id)
+        if self.cluster:
+            return await self._cancel_cluster(request_id, active, cancel)
         terminal = _keys.result_terminal(request_id)
         names = (active, cancel, terminal)
         kinds = await self.store.pipeline([["TYPE", k] for k in names], transaction=True)
-        for name, reply in zip(names, kinds, strict=True):
-            kind = reply_text(reply)
-            if kind not in ("string", "none"):
-                raise SubmitError(
-                    f"key {name!r} holds {_keys.type_name(kind)}, not a string: "
-                    f"{request_id!r} was not cancelled"
-                )
+        self._check_kinds(request_id, dict(zip(names, ["string"] * 3, strict=True)), kinds)
         token, finished = await self.store.pipeline(
             [["GET", active], ["GET", terminal]], transaction=True
         )
+        if token is None or token == finished:
+            return False
+        await self.store.command("SET", cancel, token, "EX", CANCEL_TTL_SECONDS)
+        return True
+
+    @staticmethod
+    def _check_kinds(request_id: str, expected: dict[str, str], kinds: list[Any]) -> None:
+        for (name, want), reply in zip(expected.items(), kinds, strict=True):
+            kind = reply_text(reply)
+            if kind not in (want, "none"):
+                raise SubmitError(
+                    f"key {name!r} holds {_keys.type_name(kind)}, not {_keys.type_name(want)}: "
+                    f"{request_id!r} was not cancelled"
+                )
+
+    async def _cancel_cluster(self, request_id: str, active: str, cancel: str) -> bool:
+        """:meth:`cancel` on a Redis Cluster: the same checks, as pipelines without MULTI
+        (the keys live in several slots). The record's marker is read from
+        :attr:`result_list`'s marker hash (docs/topology.md#dedup-markers-per-destination),
+        with its expiry, on the server clock."""
+        markers = _keys.ResultKeys.for_list(self.result_list)
+        expected = {
+            active: "string",
+            cancel: "string",
+            markers.terminal: "hash",
+            markers.expiry: "zset",
+        }
+        kinds = await self.store.pipeline([["TYPE", k] for k in expected], transaction=False)
+        self._check_kinds(request_id, expected, kinds)
+        token, finished, expiry, now = await self.store.pipeline(
+            [
+                ["GET", active],
+                ["HGET", markers.terminal, request_id],
+                ["ZSCORE", markers.expiry, request_id],
+                ["TIME"],
+            ],
+            transaction=False,
+        )
+        if expiry is not None and float(expiry) <= _server_now(now):
+            finished = None  # an expired marker is no marker
         if token is None or token == finished:
             return False
         await self.store.command("SET", cancel, token, "EX", CANCEL_TTL_SECONDS)

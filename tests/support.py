@@ -13,10 +13,16 @@
   meddle with a few calls.
 - Waiting: :func:`wait_for` (async, on Redis state), :func:`wait_until` (sync, with a
   timeout), :func:`wait_port`; ports: :func:`free_port`, :func:`closed_port`.
+- Both key layouts (docs/topology.md#cluster-key-layout) for tests that run on a standalone
+  Redis and on a cluster (``tests/test_protocol_cluster.py``): :func:`is_cluster`,
+  :func:`markers` (the expected dedup markers), :func:`set_marker`, :func:`retry_keys`,
+  :func:`reopen` (a second store on the same Redis), :func:`store_tests` (a module's tests
+  that take ``store``, for another module to run them on a cluster).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import socket
@@ -28,10 +34,18 @@ from typer.testing import CliRunner
 
 from claimkit.cli.app import app
 from claimkit.config import load_config
+from claimkit.protocol.keys import (
+    DEFAULT_RESULT_LIST,
+    DEFAULT_RETRY_SET,
+    RESULT_TERMINAL_PREFIX,
+    QueueKeys,
+    ResultKeys,
+)
 from claimkit.store import open_store
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
+    from contextlib import AbstractAsyncContextManager
 
     from typer.testing import Result
 
@@ -241,7 +255,7 @@ def make_config(url: str | None = None, **kwargs: Any) -> Config:
 
 class StoreWrapper:
     """A :class:`Store` that delegates every call to ``inner``; subclasses override the calls
-    they record or meddle with."""
+    they record or meddle with. Its ``mode`` is ``inner``'s."""
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
@@ -290,3 +304,86 @@ def one_line_error(result: Result, text: str | None = None, code: int = 1) -> st
     if text is not None:
         assert lines[0] == f"claimkit: {text}"
     return lines[0]
+
+
+# -- both key layouts ---------------------------------------------------------------------------
+
+
+def is_cluster(store: Store) -> bool:
+    """Whether ``store`` is on a Redis Cluster (its ``mode``): the cluster key layout."""
+    return getattr(store, "mode", "standalone") == "cluster"
+
+
+def markers(
+    store: Store,
+    *entries: tuple[str, str | bytes, int],
+    result_list: str = DEFAULT_RESULT_LIST,
+) -> dict[str, Any]:
+    """The keys the dedup markers ``(id, value, ttl seconds)`` of ``result_list`` are, as
+    :func:`snapshot` shows them, in ``store``'s layout: standalone one
+    ``result-terminal:<id>`` string each (``(value, ttl)``, -1 without a TTL); cluster the
+    list's marker hash and, for markers with a TTL, its expiry set (a score within 5 s of
+    now + ttl; give same-call markers in id order, later calls after earlier ones)."""
+    out: dict[str, Any] = {}
+    if not is_cluster(store):
+        for rid, value, ttl in entries:
+            raw = value if isinstance(value, bytes) else value.encode()
+            out[RESULT_TERMINAL_PREFIX + rid] = (raw, ttl if ttl > 0 else -1)
+        return out
+    keys = ResultKeys.for_list(result_list)
+    now = time.time()
+    hashed: dict[bytes, bytes] = {}
+    expiry: list[tuple[bytes, Between]] = []
+    for rid, value, ttl in entries:
+        hashed[rid.encode()] = value if isinstance(value, bytes) else value.encode()
+        if ttl > 0:
+            expiry.append((rid.encode(), Between(now + ttl - 5, now + ttl + 5)))
+    out[keys.terminal] = hashed
+    if expiry:
+        out[keys.expiry] = expiry
+    return out
+
+
+async def set_marker(
+    store: Store, rid: str, value: str, ttl: int = 0, *, result_list: str = DEFAULT_RESULT_LIST
+) -> None:
+    """Write a dedup marker as claimkit would, in ``store``'s layout (``ttl`` seconds, 0 =
+    none)."""
+    if not is_cluster(store):
+        extra: list[Arg] = ["EX", ttl] if ttl > 0 else []
+        await store.command("SET", RESULT_TERMINAL_PREFIX + rid, value, *extra)
+        return
+    keys = ResultKeys.for_list(result_list)
+    await store.command("HSET", keys.terminal, rid, value)
+    if ttl > 0:
+        await store.command("ZADD", keys.expiry, repr(await server_now(store) + ttl), rid)
+
+
+def retry_keys(store: Store, queue: str, retry_set: str = DEFAULT_RETRY_SET) -> tuple[str, str]:
+    """``(retry set, retry dead set)`` that ``queue`` parks into, in ``store``'s layout."""
+    k = QueueKeys.for_queue(queue, cluster=is_cluster(store), retry_set=retry_set)
+    return k.retry_set, k.retry_dead
+
+
+def reopen(store: Store) -> AbstractAsyncContextManager[Store]:
+    """A second store on the Redis (or cluster) ``store`` is on: another instance."""
+    again = getattr(store, "reopen", None)  # a cluster store of tests/cluster_store.py
+    if again is not None:
+        result: AbstractAsyncContextManager[Store] = again()
+        return result
+    return open_store(store.url)
+
+
+def store_tests(module: Any) -> dict[str, Any]:
+    """The test functions of ``module`` that take the ``store`` fixture and no fixture that
+    names a standalone server (``redis_url``, ``redis_factory``, ``redis_server``): what a
+    cluster module runs again with its own ``store`` (marks and parameters kept)."""
+    standalone_only = {"redis_url", "redis_factory", "redis_server"}
+    out: dict[str, Any] = {}
+    for name, fn in vars(module).items():
+        if not name.startswith("test_") or not callable(fn):
+            continue
+        params = set(inspect.signature(fn).parameters)
+        if "store" in params and not params & standalone_only:
+            out[name] = fn
+    return out

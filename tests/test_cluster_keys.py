@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 from cluster import redis_cluster
+from support import make_config
 
+from claimkit.consumer.preflight import key_roles
 from claimkit.protocol.keys import (
     QueueKeys,
     ResultKeys,
@@ -196,3 +198,34 @@ def test_outbox_field_and_reserved_keys() -> None:
     assert reserved_keys(["q"], "rs", cluster=True) == frozenset(
         QueueKeys.for_queue("q", cluster=True, retry_set="rs").types()
     ) | {"rs", "rs:dead"}
+
+
+def test_serve_checks_the_cluster_layouts_keys() -> None:
+    """In cluster mode ``serve``'s key-type check names the keys the cluster layout uses:
+    each queue's {q}: keys, outbox and retry sets, and each configured list's markers."""
+    config = make_config("redis://127.0.0.1:7000/0", queue="q", mode="cluster")
+    roles = {name: (role.kind, role.name(name)) for name, role in key_roles(config).items()}
+    assert {n: r for n, r in roles.items() if n.startswith(("{q}", "{result-list}"))} == {
+        "{q}:claimed": ("hash", "claimed hash '{q}:claimed' of queue 'q'"),
+        "{q}:claim-owners": ("hash", "claim-owners hash '{q}:claim-owners' of queue 'q'"),
+        "{q}:claims-idx": ("zset", "claims index '{q}:claims-idx' of queue 'q'"),
+        "{q}:deliveries": ("hash", "deliveries hash '{q}:deliveries' of queue 'q'"),
+        "{q}:dead": ("zset", "dead set '{q}:dead' of queue 'q'"),
+        "{q}:outbox": ("hash", "outbox hash '{q}:outbox' of queue 'q'"),
+        "{q}:retry-sortedset": ("zset", "retry set '{q}:retry-sortedset' of queue 'q'"),
+        "{q}:retry-sortedset:dead": (
+            "zset",
+            "retry dead set '{q}:retry-sortedset:dead' of queue 'q'",
+        ),
+        "{result-list}:result-terminal": (
+            "hash",
+            "result-terminal hash '{result-list}:result-terminal' of result list 'result-list'",
+        ),
+        "{result-list}:result-terminal-expiry": (
+            "zset",
+            "result-terminal expiry set '{result-list}:result-terminal-expiry' of result list "
+            "'result-list'",
+        ),
+    }
+    standalone = key_roles(make_config("redis://127.0.0.1:7000/0", queue="q"))
+    assert not any(name.startswith("{") for name in standalone)

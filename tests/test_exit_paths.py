@@ -4,6 +4,11 @@ One test per row of the table. Requests are submitted with the real :class:`Prod
 (so they carry a generation token), driven through :class:`QueueOps` the way the consumer
 drives them, and each test ends by comparing the whole keyspace with what the row promises:
 which keys hold the id, the score it went back at, the record that was pushed.
+
+``tests/test_exit_paths_cluster.py`` runs every test here again on a real Redis Cluster
+(docs/topology.md#cluster-key-layout); the dedup markers and the retry set are named by
+``support.markers`` and ``support.retry_keys`` for the layout at hand, and "another
+instance" is a second store on the same Redis (``support.reopen``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import support
 import trio
-from support import Between, server_now
+from support import Between, markers, reopen, retry_keys, server_now
 
 from claimkit.config import QueueConfig
 from claimkit.consumer.gates import GateError, make_gate
@@ -30,8 +35,10 @@ from claimkit.protocol.models import (
     parse_member,
     retry_member,
 )
-from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps, move_retries, new_token
-from claimkit.store import Store, open_store
+from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps, new_token
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -39,7 +46,6 @@ if TYPE_CHECKING:
 Q = "{tenant-b}:jobs"
 K = QueueKeys.for_queue(Q)
 RESULTS = "result-list"
-RETRY = "retry-sortedset"
 DEDUP = 3600
 LEASE = 60.0
 
@@ -157,7 +163,7 @@ async def test_terminal_record_is_acked(store: Store, kind: str) -> None:
 
         expected: dict[str, Any] = {
             RESULTS: [record.to_json()],
-            f"result-terminal:{rid}": (env.request_token.encode(), DEDUP),
+            **markers(store, (rid, env.request_token, DEDUP)),
         }
         if kind == "cancelled":
             expected[f"request-cancel:{rid}"] = (env.request_token.encode(), 604800)
@@ -192,7 +198,7 @@ async def test_invalid_request_is_dead_lettered_with_one_record(store: Store) ->
         assert await snapshot(store) == {
             K.dead: [(raw, Between(t0, t1))],
             RESULTS: [record.to_json()],
-            "result-terminal:bad": (b"c" * 32, DEDUP),
+            **markers(store, ("bad", "c" * 32, DEDUP)),
         }
 
 
@@ -211,12 +217,13 @@ async def test_retryable_failure_is_parked_then_moved_back(store: Store) -> None
         server, codes = await ops.park([("r:1", token, 2.5, retry)])
         assert codes == [1]
         # The retry set is its only home: no claim, nothing pending.
-        assert await snapshot(store) == {RETRY: [(retry, approx(server + 2.5, abs=1e-5))]}
+        retry_set = retry_keys(store, Q)[0]
+        assert await snapshot(store) == {retry_set: [(retry, approx(server + 2.5, abs=1e-5))]}
         # An owner dying now changes nothing: there is no claim to reclaim.
         assert (await ops.reclaim(max_deliveries=10)).redelivered == 0
 
-        await store.command("ZADD", RETRY, "XX", 1, retry)  # its backoff is over
-        assert await move_retries(store, RETRY) == (1, 0)
+        await store.command("ZADD", retry_set, "XX", 1, retry)  # its backoff is over
+        assert await ops.move_retries() == (1, 0)
         assert await snapshot(store) == {Q: [(retry, deadline)]}
         retried = parse_member(retry)
         assert isinstance(retried, Envelope)
@@ -264,7 +271,7 @@ async def test_graceful_shutdown_sweeps_every_held_claim(store: Store) -> None:
         assert await snapshot(store) == {
             Q: pending_before[1:],
             RESULTS: [done.to_json()],
-            "result-terminal:s:0": (envs[0].request_token.encode(), DEDUP),
+            **markers(store, ("s:0", envs[0].request_token, DEDUP)),
         }
 
         # s:3's task finishes after the sweep: its record is pushed once and the copy the
@@ -274,20 +281,21 @@ async def test_graceful_shutdown_sweeps_every_held_claim(store: Store) -> None:
         assert await snapshot(store) == {
             Q: pending_before[1:3],
             RESULTS: [late.to_json(), done.to_json()],
-            "result-terminal:s:0": (envs[0].request_token.encode(), DEDUP),
-            "result-terminal:s:3": (envs[3].request_token.encode(), DEDUP),
+            **markers(
+                store,
+                ("s:0", envs[0].request_token, DEDUP),
+                ("s:3", envs[3].request_token, DEDUP),
+            ),
         }
 
 
-async def test_late_ack_after_another_instance_finished_is_suppressed(
-    store: Store, redis_url: str
-) -> None:
+async def test_late_ack_after_another_instance_finished_is_suppressed(store: Store) -> None:
     with trio.fail_after(10):
         ops = QueueOps(store, Q, dedup_ttl=DEDUP)
         (env,) = await submit(store, {"id": "s", "deadline": int(await server_now(store)) + 100})
         _, _, (token,) = await claim(ops, [env])
         assert await ops.release([("s", token, None)]) == [1]  # the shutdown sweep
-        async with open_store(redis_url) as other_store:
+        async with reopen(store) as other_store:
             other = QueueOps(other_store, Q, dedup_ttl=DEDUP)
             _, codes, (token_b,) = await claim(other, [env])
             assert codes == [ClaimCode.CLAIMED]
@@ -297,14 +305,14 @@ async def test_late_ack_after_another_instance_finished_is_suppressed(
         assert await ops.ack([ack_item(ops, env, token, late)]) == [(False, False)]
         assert await snapshot(store) == {
             RESULTS: [first.to_json()],
-            "result-terminal:s": (env.request_token.encode(), DEDUP),
+            **markers(store, ("s", env.request_token, DEDUP)),
         }
 
 
 # -- row 5: owner dies -> lease lapses, any instance's reclaimer redelivers --------------------
 
 
-async def test_dead_owner_is_reclaimed_by_another_instance(store: Store, redis_url: str) -> None:
+async def test_dead_owner_is_reclaimed_by_another_instance(store: Store) -> None:
     with trio.fail_after(10):
         now = int(await server_now(store))
         envs = await submit(
@@ -312,12 +320,12 @@ async def test_dead_owner_is_reclaimed_by_another_instance(store: Store, redis_u
         )
         pending_before = (await snapshot(store))[Q]
 
-        async with open_store(redis_url) as store_a:  # instance A claims, then dies
+        async with reopen(store) as store_a:  # instance A claims, then dies
             a = QueueOps(store_a, Q, dedup_ttl=DEDUP)
             server_a, _, tokens_a = await claim(a, envs)
         assert await snapshot(store) == claim_entries(envs, tokens_a, server_a)
 
-        async with open_store(redis_url) as store_b:
+        async with reopen(store) as store_b:
             b = QueueOps(store_b, Q, dedup_ttl=DEDUP)
             assert (await b.reclaim(max_deliveries=10)).redelivered == 0  # leases still live
             await store.command("ZADD", K.index, "XX", 1, "o:1", 1, "o:2")  # ... until they lapse
@@ -340,13 +348,16 @@ async def test_dead_owner_is_reclaimed_by_another_instance(store: Store, redis_u
             assert await b.ack(items) == [(True, True), (True, True)]
         assert await snapshot(store) == {
             RESULTS: [records[1].to_json(), records[0].to_json()],
-            "result-terminal:o:1": (envs[0].request_token.encode(), DEDUP),
-            "result-terminal:o:2": (envs[1].request_token.encode(), DEDUP),
+            **markers(
+                store,
+                ("o:1", envs[0].request_token, DEDUP),
+                ("o:2", envs[1].request_token, DEDUP),
+            ),
         }
         del server_b
 
 
-async def test_lease_lapses_by_the_server_clock(store: Store, redis_url: str) -> None:
+async def test_lease_lapses_by_the_server_clock(store: Store) -> None:
     with trio.fail_after(10):
         (env,) = await submit(store, {"id": "t", "deadline": int(await server_now(store)) + 100})
         a = QueueOps(store, Q)
@@ -356,7 +367,7 @@ async def test_lease_lapses_by_the_server_clock(store: Store, redis_url: str) ->
         # Wait out the lease as Redis's clock counts it (the clocks run at the same rate).
         await trio.sleep(max(0.0, expiry - await server_now(store)) + 0.01)
         assert await server_now(store) > expiry
-        async with open_store(redis_url) as store_b:
+        async with reopen(store) as store_b:
             counts = await QueueOps(store_b, Q).reclaim(max_deliveries=10)
         assert counts.redelivered == 1
         assert await snapshot(store) == {Q: [(env.raw, env.deadline)], K.deliveries: {b"t": b"1"}}

@@ -5,6 +5,12 @@ which keys exist, every hash field, every sorted-set member with its score, ever
 element, every string with its TTL. Lease and due times come from the Redis server clock,
 so they are compared with the ``server_now`` a script returns (or bracketed by ``TIME``).
 Expired leases are made by writing small index scores, never by sleeping.
+
+``tests/test_protocol_cluster.py`` runs every test here that takes ``store`` again on a real
+Redis Cluster, in the cluster key layout (docs/topology.md#cluster-key-layout): the queue
+``{tenant-a}:requests`` keeps its claim keys' names there, and ``result-list`` lives in
+another slot, so every ack goes through the outbox. What differs by layout (the dedup
+markers, the retry set) is built by ``support.markers`` and ``support.retry_keys``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
-from support import Between, StoreWrapper, server_now, snapshot
+from support import (
+    Between,
+    StoreWrapper,
+    is_cluster,
+    markers,
+    retry_keys,
+    server_now,
+    set_marker,
+    snapshot,
+)
 
 from claimkit.protocol.keys import QueueKeys
 from claimkit.protocol.models import (
@@ -553,19 +568,14 @@ async def test_ack_pushes_the_record_and_drops_the_claim(store: Store) -> None:
         record = ok_record(ODD_IDS[2], '{"text":"ünï"}')
 
         assert await ops.ack([ack_item(ODD_IDS[2], token, raw, record, TOKEN_A)]) == [(True, True)]
-        assert await snapshot(store) == {
-            RESULTS: [record],
-            f"result-terminal:{ODD_IDS[2]}": (TOKEN_A.encode(), DEDUP),
-        }
+        acked = {RESULTS: [record], **markers(store, (ODD_IDS[2], TOKEN_A, DEDUP))}
+        assert await snapshot(store) == acked
 
         # A second ack of the same generation is a suppressed duplicate: nothing is pushed.
         assert await ops.ack([ack_item(ODD_IDS[2], token, raw, record, TOKEN_A)]) == [
             (False, False)
         ]
-        assert await snapshot(store) == {
-            RESULTS: [record],
-            f"result-terminal:{ODD_IDS[2]}": (TOKEN_A.encode(), DEDUP),
-        }
+        assert await snapshot(store) == acked
 
 
 async def test_ack_without_a_request_token_marks_1_and_ttl_0_never_expires(store: Store) -> None:
@@ -578,7 +588,7 @@ async def test_ack_without_a_request_token_marks_1_and_ttl_0_never_expires(store
         assert await ops.ack([ack_item("plain", token, raw, ok_record("plain"))]) == [(True, True)]
         assert await snapshot(store) == {
             RESULTS: [ok_record("plain")],
-            "result-terminal:plain": (b"1", -1),
+            **markers(store, ("plain", "1", 0)),
         }
 
 
@@ -597,7 +607,7 @@ async def test_ack_of_a_new_generation_is_pushed_again(store: Store) -> None:
         assert await ops.ack([ack_item("r", tok2, gen2, rec2, TOKEN_B)]) == [(True, True)]
         assert await snapshot(store) == {
             RESULTS: [rec2, rec1],
-            "result-terminal:r": (TOKEN_B.encode(), DEDUP),
+            **markers(store, ("r", TOKEN_B, DEDUP)),
         }
 
 
@@ -605,7 +615,7 @@ async def test_marker_1_suppresses_every_generation(store: Store) -> None:
     with trio.fail_after(10):
         ops = QueueOps(store, Q, dedup_ttl=DEDUP)
         now = int(await server_now(store))
-        await store.command("SET", "result-terminal:r", "1", "EX", DEDUP)
+        await set_marker(store, "r", "1", DEDUP)
         gen = member("r", now + 600, TOKEN_B)
         await zadd(store, Q, [(now + 600, gen)])
         _, _, (token,) = await claim_all(ops, [gen])
@@ -613,19 +623,19 @@ async def test_marker_1_suppresses_every_generation(store: Store) -> None:
             (False, True)
         ]
         # Suppressed, but the owner's claim is still deleted.
-        assert await snapshot(store) == {"result-terminal:r": (b"1", DEDUP)}
+        assert await snapshot(store) == markers(store, ("r", "1", DEDUP))
 
 
 async def test_ack_without_a_token_is_suppressed_by_any_marker(store: Store) -> None:
     with trio.fail_after(10):
         ops = QueueOps(store, Q, dedup_ttl=DEDUP)
         now = int(await server_now(store))
-        await store.command("SET", "result-terminal:r", TOKEN_A)
+        await set_marker(store, "r", TOKEN_A)
         raw = member("r", now + 600)
         await zadd(store, Q, [(now + 600, raw)])
         _, _, (token,) = await claim_all(ops, [raw])
         assert await ops.ack([ack_item("r", token, raw, ok_record("r"))]) == [(False, True)]
-        assert await snapshot(store) == {"result-terminal:r": (TOKEN_A.encode(), -1)}
+        assert await snapshot(store) == markers(store, ("r", TOKEN_A, 0))
 
 
 async def test_late_ack_of_a_stolen_claim_is_suppressed_and_leaves_the_owner_alone(
@@ -656,10 +666,7 @@ async def test_late_ack_of_a_stolen_claim_is_suppressed_and_leaves_the_owner_alo
         # B finishes: its record is the one record, and B's claim ends.
         rec = ok_record("r", "B")
         assert await ops.ack([ack_item("r", tok_b, raw, rec, TOKEN_A)]) == [(True, True)]
-        assert await snapshot(store) == {
-            RESULTS: [rec],
-            "result-terminal:r": (TOKEN_A.encode(), DEDUP),
-        }
+        assert await snapshot(store) == {RESULTS: [rec], **markers(store, ("r", TOKEN_A, DEDUP))}
 
 
 async def test_late_ack_of_a_request_parked_by_its_new_owner_is_suppressed(store: Store) -> None:
@@ -678,7 +685,7 @@ async def test_late_ack_of_a_request_parked_by_its_new_owner_is_suppressed(store
         server, codes = await ops.park([("r", tok_b, 30.0, retry)])
         assert codes == [1]
         parked = {
-            RETRY: [(retry, approx(server + 30, abs=1e-5))],
+            retry_keys(store, Q)[0]: [(retry, approx(server + 30, abs=1e-5))],
             K.deliveries: {b"r": b"1"},
         }
         assert await snapshot(store) == parked
@@ -702,10 +709,7 @@ async def test_late_ack_withdraws_the_redelivered_pending_copy(store: Store) -> 
 
         rec = ok_record("r")
         assert await ops.ack([ack_item("r", token, raw, rec, TOKEN_A)]) == [(True, False)]
-        assert await snapshot(store) == {
-            RESULTS: [rec],
-            "result-terminal:r": (TOKEN_A.encode(), DEDUP),
-        }
+        assert await snapshot(store) == {RESULTS: [rec], **markers(store, ("r", TOKEN_A, DEDUP))}
 
 
 async def test_ack_routes_each_record_to_its_list(store: Store) -> None:
@@ -723,8 +727,8 @@ async def test_ack_routes_each_record_to_its_list(store: Store) -> None:
         assert await snapshot(store) == {
             "list-a": [ok_record("a")],
             "list-b": [ok_record("b")],
-            "result-terminal:a": (b"1", DEDUP),
-            "result-terminal:b": (b"1", DEDUP),
+            **markers(store, ("a", "1", DEDUP), result_list="list-a"),
+            **markers(store, ("b", "1", DEDUP), result_list="list-b"),
         }
 
 
@@ -744,7 +748,7 @@ async def test_park_moves_the_claim_to_the_retry_set(store: Store) -> None:
         server, codes = await ops.park([("p:1", token, 7.5, retry)])
         assert codes == [1]
         assert await snapshot(store) == {
-            RETRY: [(retry, approx(server + 7.5, abs=1e-5))],
+            retry_keys(store, Q)[0]: [(retry, approx(server + 7.5, abs=1e-5))],
             # The redelivery count is about the request, not the claim: it survives retries.
             K.deliveries: {b"p:1": b"1"},
         }
@@ -783,8 +787,19 @@ def retry_doc(rid: str, deadline: Any, queue: str | None) -> bytes:
     ).encode()
 
 
+async def move_due(store: Store, *, limit: int = CHUNK) -> tuple[int, int]:
+    """The retry mover as the consumer runs it: standalone on the shared set, on a cluster
+    on ``Q``'s own set."""
+    if is_cluster(store):
+        return await QueueOps(store, Q).move_retries(limit=limit)
+    return await move_retries(store, RETRY, limit=limit)
+
+
 async def test_move_retries_routes_due_members_and_dead_letters_the_rest(store: Store) -> None:
+    """On a cluster the set is the queue's own: a member naming another queue (written by
+    hand) cannot be routed from the queue's slot and is dead-lettered too."""
     with trio.fail_after(10):
+        retry, retry_dead = retry_keys(store, Q)
         now = int(await server_now(store))
         due = retry_doc("due", now + 500, Q)
         other = retry_doc("other", now + 400, "other-queue")
@@ -794,7 +809,7 @@ async def test_move_retries_routes_due_members_and_dead_letters_the_rest(store: 
         str_deadline = retry_doc("sd", str(now + 500), Q)
         await zadd(
             store,
-            RETRY,
+            retry,
             [
                 (1.0, due),
                 (2.0, other),
@@ -807,14 +822,18 @@ async def test_move_retries_routes_due_members_and_dead_letters_the_rest(store: 
         await zadd(store, Q, [(now + 450, member("x", now + 450))])
         t0 = await server_now(store)
 
-        assert await move_retries(store, RETRY) == (2, 3)
+        unroutable = [bad_json, no_queue, str_deadline]
+        routed: dict[str, Any] = {"other-queue": [(other, now + 400)]}
+        if is_cluster(store):
+            unroutable, routed = [*unroutable, other], {}
+        assert await move_due(store) == (1 + len(routed), len(unroutable))
         t1 = await server_now(store)
         assert await snapshot(store) == {
             Q: [(member("x", now + 450), now + 450), (due, now + 500)],
-            "other-queue": [(other, now + 400)],
-            RETRY: [(later, now + 3600)],
+            **routed,
+            retry: [(later, now + 3600)],
             # One server time for the batch; equal scores sort by member bytes.
-            RETRY_DEAD: [(m, Between(t0, t1)) for m in sorted([bad_json, no_queue, str_deadline])],
+            retry_dead: [(m, Between(t0, t1)) for m in sorted(unroutable)],
         }
 
 
@@ -822,24 +841,28 @@ async def test_move_retries_drains_a_backlog_larger_than_its_limit(store: Store)
     with trio.fail_after(10):
         now = int(await server_now(store))
         members = [retry_doc(f"m{i}", now + 1000 + i, Q) for i in range(25)]
-        await zadd(store, RETRY, [(float(i + 1), m) for i, m in enumerate(members)])
+        await zadd(
+            store, retry_keys(store, Q)[0], [(float(i + 1), m) for i, m in enumerate(members)]
+        )
         counting = CountingStore(store)
-        assert await move_retries(counting, RETRY, limit=10) == (25, 0)
-        assert counting.runs == ["move-retries"] * 3
+        assert await move_due(counting, limit=10) == (25, 0)
+        mover = "move-retries-queue" if is_cluster(store) else "move-retries"
+        assert counting.runs == [mover] * 3
         assert await snapshot(store) == {Q: [(m, now + 1000 + i) for i, m in enumerate(members)]}
 
 
 async def test_move_retries_never_loses_a_member_routed_to_a_wrong_type_key(store: Store) -> None:
     with trio.fail_after(10):
         now = int(await server_now(store))
+        retry, retry_dead = retry_keys(store, Q)
         await store.command("RPUSH", "not-a-zset", "x")
         bad = retry_doc("wt", now + 500, "not-a-zset")
-        await zadd(store, RETRY, [(1.0, bad)])
+        await zadd(store, retry, [(1.0, bad)])
         try:
-            await move_retries(store, RETRY)
+            await move_due(store)
         finally:
             state = await snapshot(store)
-            assert bad in [m for m, _ in state.get(RETRY, []) + state.get(RETRY_DEAD, [])]
+            assert bad in [m for m, _ in state.get(retry, []) + state.get(retry_dead, [])]
 
 
 async def test_move_retries_dead_letters_a_nan_deadline(store: Store) -> None:
@@ -848,11 +871,12 @@ async def test_move_retries_dead_letters_a_nan_deadline(store: Store) -> None:
     with trio.fail_after(10):
         bad = b'{"request_kind":"plain","data":{"id":"n","deadline":nan},"internal":'
         bad += b'{"request_queue_name":"' + Q.encode() + b'"}}'
-        await zadd(store, RETRY, [(1.0, bad)])
+        retry, retry_dead = retry_keys(store, Q)
+        await zadd(store, retry, [(1.0, bad)])
         t0 = await server_now(store)
-        assert await move_retries(store, RETRY) == (0, 1)
+        assert await move_due(store) == (0, 1)
         t1 = await server_now(store)
-        assert await snapshot(store) == {RETRY_DEAD: [(bad, Between(t0, t1))]}
+        assert await snapshot(store) == {retry_dead: [(bad, Between(t0, t1))]}
 
 
 # -- §3.6 release ----------------------------------------------------------------------------
@@ -963,8 +987,9 @@ async def test_reclaim_dead_letters_at_max_deliveries(store: Store) -> None:
         assert state == {
             K.dead: [(raw, Between(t0, t1))],
             RESULTS: [state[RESULTS][0]],
-            f"result-terminal:{rid}": (TOKEN_A.encode(), DEDUP),
+            **markers(store, (rid, TOKEN_A, DEDUP)),
         }
+        assert counts.replayed == (1 if is_cluster(store) else 0)  # through the outbox
         message = "lease expired 3 times without an ack (max_deliveries=3)"
         assert message == max_deliveries_message(3, 3)
         (record,) = parse_records(state[RESULTS])
@@ -1008,8 +1033,10 @@ async def test_max_deliveries_record_destination(
         assert parse_records(state.pop(expected)) == [
             error_record("d", ErrorCode.MAX_DELIVERIES_EXCEEDED, message)
         ]
-        assert set(state) == {K.dead, "result-terminal:d"}
-        assert state["result-terminal:d"] == (b"1", -1)
+        assert state == {
+            K.dead: state[K.dead],
+            **markers(store, ("d", "1", 0), result_list=expected),
+        }
 
 
 async def test_max_deliveries_record_is_pushed_once_per_generation(store: Store) -> None:
@@ -1017,13 +1044,14 @@ async def test_max_deliveries_record_is_pushed_once_per_generation(store: Store)
         ops = QueueOps(store, Q, dedup_ttl=DEDUP)
         now = int(await server_now(store))
         raw = member("d", now + 600, TOKEN_A)
-        await store.command("SET", "result-terminal:d", TOKEN_A, "EX", DEDUP)
+        await set_marker(store, "d", TOKEN_A, DEDUP)
         await zadd(store, Q, [(now + 600, raw)])
         await claim_all(ops, [raw])
         await expire(store, "d")
         assert (await ops.reclaim(max_deliveries=1)).dead == 1
         state = await snapshot(store)
-        assert set(state) == {K.dead, "result-terminal:d"}  # already had its record
+        # It already had its record: none is pushed.
+        assert state == {K.dead: state[K.dead], **markers(store, ("d", TOKEN_A, DEDUP))}
 
 
 async def test_max_deliveries_0_is_unlimited(store: Store) -> None:
@@ -1043,7 +1071,11 @@ async def test_max_deliveries_0_is_unlimited(store: Store) -> None:
 async def test_a_marker_key_of_another_type_is_no_marker(store: Store) -> None:
     """``result-terminal:<id>`` holding a hash (claimkit only SETs strings there): the ack
     pushes and replaces it, and a reclaim pass that dead-letters such a request goes on to
-    redeliver the rest, instead of failing every pass of the queue from then on."""
+    redeliver the rest, instead of failing every pass of the queue from then on.
+    (Standalone's marker keys; the cluster's marker hash of another type is
+    tests/test_cluster_protocol.py's.)"""
+    if is_cluster(store):
+        pytest.skip("standalone's per-request marker keys")
     with trio.fail_after(10):
         ops = QueueOps(store, Q, dedup_ttl=DEDUP)
         now = int(await server_now(store))
@@ -1136,7 +1168,8 @@ async def test_reclaim_drains_a_backlog_beyond_one_chunk_in_one_run(store: Store
 
         counts = await ops.reclaim(max_deliveries=10)
         assert (counts.redelivered, counts.dead, counts.ghosts) == (n, 0, 0)
-        assert ops_store.runs == ["reclaim"] * 3  # 500 + 500 + 234
+        reclaim = "reclaim-cluster" if is_cluster(store) else "reclaim"
+        assert ops_store.runs == [reclaim] * 3  # 500 + 500 + 234
         assert await snapshot(store) == {
             Q: [(r, s) for s, r in pending],
             K.deliveries: {f"b{i}".encode(): b"1" for i in range(n)},
@@ -1186,7 +1219,7 @@ async def test_dead_letter_moves_malformed_members_byte_exact(store: Store) -> N
         expected: dict[str, Any] = {
             K.dead: [(raw, Between(t0, t1)) for raw in sorted(raw for raw, _, _ in cases)]
         }
-        expected |= {f"result-terminal:{rid}": (b"1", DEDUP) for rid, _ in with_id}
+        expected |= markers(store, *sorted((rid, "1", DEDUP) for rid, _ in with_id))
         assert state == expected
         assert [r["id"] for r in records] == [rid for rid, _ in with_id]
         for record, (rid, hint) in zip(records, with_id, strict=True):
@@ -1227,7 +1260,7 @@ async def test_dead_letter_keeps_the_generation_and_result_list(store: Store) ->
         ]
         assert state == {
             K.dead: [(raw, Between(0, float("inf")))],
-            "result-terminal:g": (TOKEN_A.encode(), DEDUP),
+            **markers(store, ("g", TOKEN_A, DEDUP), result_list="mine"),
         }
 
 

@@ -39,8 +39,12 @@ SET_INCR = _script(
 READ = _script("read-two", "return {redis.call('GET', KEYS[1]), KEYS[2]}", writes=False)
 
 
-def test_inspect_is_the_one_read_only_script() -> None:
-    assert sorted(s.name for s in all_scripts().values() if not s.writes) == ["inspect"]
+def test_inspect_and_the_cancel_read_are_the_read_only_scripts() -> None:
+    # Those flagged no-writes (lua/inspect-6.lua, lua/cancelled-1.lua): no WAIT after them.
+    assert sorted(s.name for s in all_scripts().values() if not s.writes) == [
+        "cancelled",
+        "inspect",
+    ]
 
 
 @pytest.fixture

@@ -80,7 +80,9 @@ class Poller:
         self._clock = clock
         self._slots = trio.CapacityLimiter(config.concurrency)
         self._reserved = _keys.reserved_keys(
-            [q.queue_name for q in config.queues], config.retry_queue_name
+            [q.queue_name for q in config.queues],
+            config.retry_queue_name,
+            cluster=config.mode == "cluster",  # the cluster layout's names, outboxes too
         )
         self._poll_scope = trio.CancelScope()
         self._work_scope = trio.CancelScope()

@@ -41,9 +41,11 @@ class KeyRole:
 
 def key_roles(config: Config) -> dict[str, KeyRole]:
     """Every key ``serve`` uses whose Redis type the config tells (docs/protocol.md#keys), by
-    name: each queue's own keys (:attr:`~claimkit.protocol.keys.QueueKeys.TYPES`), the retry
-    set and its dead set, each queue's result list, the global result list, and a ``redis``
-    gate's budget key. Per-request keys are not among them.
+    name: each queue's own keys (:attr:`~claimkit.protocol.keys.QueueKeys.TYPES`; in cluster
+    mode their cluster names, with the queue's outbox and retry sets), the retry set and its
+    dead set, each queue's result list, the global result list (in cluster mode with their
+    dedup marker keys), and a ``redis`` gate's budget key. Per-request keys are not among
+    them.
 
     Raises:
         ConfigError: one name would have to be two types at once (a queue's result list
@@ -59,8 +61,11 @@ def key_roles(config: Config) -> dict[str, KeyRole]:
                 f"cannot be both {_keys.type_name(seen.kind)} and {_keys.type_name(kind)}"
             )
 
+    cluster = config.mode == "cluster"  # the cluster layout (docs/topology.md#cluster-key-layout)
     for q in config.queues:
-        k = _keys.QueueKeys.for_queue(q.queue_name)
+        k = _keys.QueueKeys.for_queue(
+            q.queue_name, cluster=cluster, retry_set=config.retry_queue_name
+        )
         for name, kind, what in k.described():
             # "queue key 'q'", "claimed hash 'q:claimed' of queue 'q'"
             want(
@@ -78,6 +83,12 @@ def key_roles(config: Config) -> dict[str, KeyRole]:
                 f"result list {{}} of queue {q.queue_name!r}",
             )
     want(config.result_queue_name, _keys.RESULT_LIST_TYPE, "global result list {}")
+    if cluster:  # each configured list's dedup markers, in its slot
+        lists = [q.result_queue_name for q in config.queues if q.result_queue_name]
+        for result_list in dict.fromkeys([*lists, config.result_queue_name]):
+            r = _keys.ResultKeys.for_list(result_list)
+            for marker, kind, what in r.described()[1:]:
+                want(marker, kind, f"{what} {{}} of result list {result_list!r}")
     for q in config.queues:
         try:
             key = budget_key(q)

@@ -236,6 +236,10 @@ class ResultKeys:
         """The Redis ``TYPE`` of each of these keys, by key name."""
         return {getattr(self, attr): kind for attr, kind, _what in self.TYPES}
 
+    def described(self) -> list[tuple[str, str, str]]:
+        """``(key name, Redis TYPE name, what it is)`` for each of these keys, in key order."""
+        return [(getattr(self, attr), kind, what) for attr, kind, what in self.TYPES]
+
     @classmethod
     def for_list(cls, name: str) -> ResultKeys:
         """The keys of destination list ``name``: ``slot_key(name)`` + the two suffixes."""

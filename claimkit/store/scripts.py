@@ -58,9 +58,10 @@ class Script:
             ``#!lua flags=...`` for a file with a ``-- @flags`` line), then the file with its
             includes resolved.
         sha1: the hex SHA1 Redis knows the script by.
-        writes: whether the script may write: every script but those whose header's first
-            line calls them read-only (``inspect``). With ``wait_replicas`` set, a call of a
-            writing script is followed by ``WAIT`` (docs/topology.md#failover).
+        writes: whether the script may write: every script but those flagged
+            ``-- @flags no-writes`` (``inspect``, ``cancelled``), the one copy of that fact,
+            which Redis also enforces. With ``wait_replicas`` set, a call of a writing script
+            is followed by ``WAIT`` (docs/topology.md#failover).
     """
 
     name: str
@@ -109,29 +110,24 @@ def _resolve(text: str, folder: Path, pasted: set[str], seen: tuple[str, ...] = 
     return _INCLUDE.sub(paste, text)
 
 
-def _writes(source: str) -> bool:
-    """Whether a script may write: not when the first line of its header (the line after
-    the first ``--[[``: its purpose) says it is read-only. A shebang line may come first."""
-    lines = [line.strip() for line in source.splitlines() if line.strip()]
-    opening = next((i for i, line in enumerate(lines) if line.startswith("--[[")), None)
-    if opening is None or opening + 1 >= len(lines):
-        return True
-    return "read-only" not in lines[opening + 1].lower()
-
-
-def _shebang(name: str, text: str) -> str:
-    """The shebang line of the script ``text``: :data:`SHEBANG`, with the flags its
-    ``-- @flags`` line names (at most one such line, Redis's flag names only)."""
+def _flags(name: str, text: str) -> tuple[str, ...]:
+    """The Redis script flags the file ``text`` names on its ``-- @flags`` line (at most
+    one such line, Redis's flag names only); none when it has no such line."""
     found = _FLAGS.findall(text)
     if not found:
-        return SHEBANG
+        return ()
     if len(found) > 1:
         raise ScriptError(f"{name}: more than one -- @flags line")
-    flags = found[0].split(",")
+    flags = tuple(found[0].split(","))
     unknown = sorted(set(flags) - _KNOWN_FLAGS)
     if unknown:
         raise ScriptError(f"{name}: unknown script flag {unknown[0]!r}")
-    return f"#!lua flags={','.join(flags)}\n"
+    return flags
+
+
+def _shebang(flags: tuple[str, ...]) -> str:
+    """The shebang line of a script with ``flags``: :data:`SHEBANG`, or ``#!lua flags=...``."""
+    return f"#!lua flags={','.join(flags)}\n" if flags else SHEBANG
 
 
 @cache
@@ -146,10 +142,12 @@ def all_scripts() -> dict[str, Script]:
         if match is None:
             raise ScriptError(f"{path.name}: a script is named <verb>-<numkeys>.lua")
         text = path.read_text(encoding="utf-8")
-        source = _shebang(path.name, text) + _resolve(text, folder, set())
+        flags = _flags(path.name, text)
+        source = _shebang(flags) + _resolve(text, folder, set())
         sha1 = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
         verb = match.group("verb")
-        found[verb] = Script(verb, int(match.group("numkeys")), source, sha1, _writes(source))
+        writes = "no-writes" not in flags
+        found[verb] = Script(verb, int(match.group("numkeys")), source, sha1, writes)
     return found
 
 
