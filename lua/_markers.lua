@@ -45,7 +45,8 @@ local function push_marked(rkey, hkey, zkey, id, record, request_token, dedup_tt
 end
 
 local function sweep_markers(hkey, zkey, now)
-  local old = redis.call('ZRANGE', zkey, '-inf', string.format('%.17g', now), 'BYSCORE', 'LIMIT', 0, 100)
+  local cutoff = string.format('%.17g', now)
+  local old = redis.call('ZRANGE', zkey, '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, 100)
   if #old > 0 then
     redis.call('HDEL', hkey, unpack(old))
     redis.call('ZREM', zkey, unpack(old))

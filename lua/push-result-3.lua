@@ -43,6 +43,7 @@ local now = server_now()
 sweep_markers(KEYS[2], KEYS[3], now)
 local out = {}
 for i = 3, #ARGV, 3 do
-  out[#out + 1] = push_marked(KEYS[1], KEYS[2], KEYS[3], ARGV[i], ARGV[i + 2], ARGV[i + 1], dedup_ttl, now)
+  local id, request_token, record = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  out[#out + 1] = push_marked(KEYS[1], KEYS[2], KEYS[3], id, record, request_token, dedup_ttl, now)
 end
 return out
