@@ -828,3 +828,43 @@ def test_the_consumer_rule_is_enough_for_serve_on_every_node(
     assert after[m.terminal] == {rid.encode(): f"g-{rid}".encode() for rid in ids}
     assert set(after) == {results, m.terminal, m.expiry}  # nothing claimed, pending or in
     assert k.outbox not in after  # the outbox
+
+
+@pytest.mark.parametrize(("queue", "results"), LAYOUTS)
+def test_the_producer_rule_is_enough_on_every_node(
+    redis_cluster: RedisCluster, queue: str, results: str
+) -> None:
+    """submit, cancel and results under the producer rule for a cluster config: nothing
+    refused on any node; cancel reads the list's marker hash."""
+    conf = transport(redis_cluster, queue, results, url=None)
+    url = acl_user(redis_cluster, "producer", transport(redis_cluster, queue, results))
+    t0 = int(server_now(redis_cluster))
+    try:
+        submitted = invoke(
+            ["submit", "-q", queue, "--transport-config", conf],
+            url,
+            stdin=json.dumps({"id": "r1", "deadline": t0 + 600})
+            + "\n"
+            + json.dumps({"id": "r2", "deadline": t0 + 600})
+            + "\n",
+        )
+        tokens = ok(submitted).split()
+        assert len(tokens) == 2
+        seed(redis_cluster, ["HSET", ResultKeys.for_list(results).terminal, "r2", tokens[1]])
+        cancelled = invoke(["cancel", "r1", "r2", "--transport-config", conf], url)
+        assert cancelled.exit_code == 1  # r2 is finished: its record's marker holds its token
+        assert cancelled.stdout == (
+            "r1: cancelled\nr2: not active (unknown, finished or expired); not cancelled\n"
+        )
+        assert cancelled.stderr.splitlines()[-1] == "claimkit: no live request to cancel for 'r2'"
+        seed(redis_cluster, ["LPUSH", results, b'{"id":"x1"}'])
+        assert ok(invoke(["results", "--pop", "--json", "--transport-config", conf], url)) == (
+            '{"id":"x1"}\n'
+        )
+        assert acl_logs(redis_cluster) == [[]] * len(redis_cluster.nodes)
+    finally:
+        drop_users(redis_cluster, "producer")
+    after = keyspace(redis_cluster)
+    assert after["request-cancel:r1"] == tokens[0].encode()
+    assert sorted(json.loads(m)["data"]["id"] for m, _ in after[queue]) == ["r1", "r2"]
+    assert {after["request-active:r1"], after["request-active:r2"]} == {t.encode() for t in tokens}

@@ -65,14 +65,15 @@ _SCRIPTS: dict[str, tuple[str, ...]] = {
 # On a Redis Cluster (docs/topology.md#cluster-key-layout) every client reads the
 # cluster's slot map (CLUSTER SLOTS) and follows an ASK redirect (ASKING) while a slot
 # migrates; the consumer and the reclaim run finish outbox entries (HSCAN a page, HDEL the
-# pushed); inspect reads the outbox's size (HLEN). The scripts are the cluster variants:
+# pushed); inspect reads the outbox's size (HLEN); cancel reads the record's marker in its
+# list's marker hash (HGET) and its expiry (ZSCORE). The scripts are the cluster variants:
 # acks in one slot or through the outbox, per-list markers, per-queue retry sets; dead
 # requeue deletes markers in each list's slot.
 _CLUSTER_CLIENT = ("CLUSTER|SLOTS", "ASKING")
 _CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
     "consumer": (*_CLUSTER_CLIENT, "HSCAN", "HDEL"),
-    "producer": _CLUSTER_CLIENT,
-    "operator": (*_CLUSTER_CLIENT, "HLEN", "HSCAN", "HDEL"),
+    "producer": (*_CLUSTER_CLIENT, "HGET", "ZSCORE"),
+    "operator": (*_CLUSTER_CLIENT, "HLEN", "HSCAN", "HDEL", "HGET", "ZSCORE"),
 }
 _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple(
