@@ -9,6 +9,11 @@
   internal.request_token, or "1" when it has none), so the rerun's terminal record is
   delivered instead of being suppressed as a duplicate (docs/protocol.md#ack).
 
+  Cluster layout (docs/topology.md#cluster-key-layout): the three KEYS are {q}:dead, q and
+  {q}:deliveries, one slot; a marker lives in its result list's slot, so the caller passes
+  keep_marker "1" (the marker key is never built here) and deletes the markers before with
+  lua/drop-markers-2.lua.
+
   Input:
     KEYS[1] dead ZSET              <q>:dead
     KEYS[2] pending ZSET           <q>

@@ -289,6 +289,16 @@ CASES: dict[str, Case] = {
         ],
         {**declared(K.dead, K.pending, K.deliveries), "result-terminal:b": ("string", "any")},
     ),
+    "drop-markers": Case(
+        "drop-markers",
+        ["{rl}:result-terminal", "{rl}:result-terminal-expiry"],
+        ["a", "ga", "b", "gb"],
+        [
+            ["HSET", "{rl}:result-terminal", "a", "ga", "b", "gb"],
+            ["ZADD", "{rl}:result-terminal-expiry", D, "a", D, "b"],
+        ],
+        {"{rl}:result-terminal": ("hash",), "{rl}:result-terminal-expiry": ("zset",)},
+    ),
     "ack-local": Case(
         "ack-local",
         LOCAL_KEYS,

@@ -167,6 +167,10 @@ def _counts(snap: QueueSnapshot) -> Text:
         ("expired", str(snap.expired), "bold red" if snap.expired else ""),
         ("retrying", ("" if snap.retrying_exact else "≥") + str(snap.retrying), ""),
         ("dead", str(snap.dead), "bold yellow" if snap.dead else ""),
+    ]
+    if snap.outbox is not None:  # a Redis Cluster: records on their way to their list
+        parts.append(("outbox", str(snap.outbox), ""))
+    parts += [
         ("results", str(snap.result_count), ""),
         ("redelivered", str(snap.redelivered), ""),
     ]
@@ -244,10 +248,11 @@ def dead_table(
     *,
     now: float,
     total: int,
-    queue: str,
+    dead_key: str,
     width: int = 80,
 ) -> Table:
-    """The ``dead list`` table, made to fit 80 columns: id, when it died and its deadline
+    """The ``dead list`` table of the dead set ``dead_key`` (``<q>:dead``; ``{q}:dead`` on a
+    Redis Cluster), made to fit 80 columns: id, when it died and its deadline
     (relative to ``now``, the server clock; exact in ``--json``), and why it died: the
     cause and the reason on one line, cut short with ``…`` when it does not fit (the full
     text is in ``--json``). A member the consumer would dead-letter again (it cannot be
@@ -264,7 +269,7 @@ def dead_table(
     )
     why_width = max(_WHY_MIN_WIDTH, width - 13 - id_width - rest)
     table = Table(
-        title=Text(f"{queue}:dead ({len(letters)} of {total}, oldest first; full reasons: --json)"),
+        title=Text(f"{dead_key} ({len(letters)} of {total}, oldest first; full reasons: --json)"),
         title_justify="left",
         expand=False,
     )

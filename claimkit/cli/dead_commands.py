@@ -58,25 +58,29 @@ def dead_list(
         claimkit dead list --redis-url redis://127.0.0.1:6379/0 --queue requests
     """
     target = resolve_queue(queue, transport_config, transport_config_file, redis_url)
-    from claimkit.ops.dead import list_dead
+    from claimkit.ops.dead import dead_key, list_dead
+    from claimkit.ops.inspect import cluster_layout
 
-    async def go(store: Store) -> tuple[int, list[DeadLetter], float]:
+    async def go(store: Store) -> tuple[int, list[DeadLetter], float, str, bool]:
         total, letters = await list_dead(store, queue, limit=limit)
         secs, micros = await store.command("TIME")
-        return total, letters, int(secs) + int(micros) / 1_000_000
+        now = int(secs) + int(micros) / 1_000_000
+        return total, letters, now, dead_key(store, queue), cluster_layout(store)
 
-    total, letters, now = with_store(target.config, go, key_types=target.key_types())
+    total, letters, now, key, cluster = with_store(target.config, go, key_types=target.key_types)
     causes = target.causes_of_death(
-        letters, configured=transport_config is not None or transport_config_file is not None
+        letters,
+        configured=transport_config is not None or transport_config_file is not None,
+        cluster=cluster,
     )
 
     def table() -> str | RenderableType:
         if not letters:
-            return f"{queue}:dead is empty"
+            return f"{key} is empty"
         from claimkit.cli.console import dead_table
 
         width = console().width
-        return dead_table(letters, causes, now=now, total=total, queue=queue, width=width)
+        return dead_table(letters, causes, now=now, total=total, dead_key=key, width=width)
 
     show(
         json_out,
@@ -130,10 +134,16 @@ def dead_requeue(
 
     async def go(store: Store) -> RequeueReport:
         return await requeue_dead(
-            store, queue, None if all_ else list(ids or ()), keep_marker=keep_marker
+            store,
+            queue,
+            None if all_ else list(ids or ()),
+            keep_marker=keep_marker,
+            routing=target.routing,
         )
 
-    report = with_store(target.config, go, key_types=target.key_types())
+    report = with_store(
+        target.config, go, key_types=lambda store: target.key_types(store, markers=True)
+    )
     show(
         json_out,
         doc=lambda: {
@@ -200,7 +210,7 @@ def dead_purge(
     async def go(store: Store) -> PurgeReport:
         return await purge_dead(store, queue, ids=list(ids) if ids else None, older_than=older_than)
 
-    report = with_store(target.config, go, key_types=target.key_types())
+    report = with_store(target.config, go, key_types=target.key_types)
     show(
         json_out,
         doc=lambda: {"queue": queue, "purged": report.purged, "not_found": report.not_found},

@@ -87,7 +87,7 @@ def drain(
             )
         return report, None
 
-    report, snap = with_store(config, go, key_types=target.key_types())
+    report, snap = with_store(config, go, key_types=target.key_types)
     if snap is not None and snap.claims:
         title = (
             f"claims that would go back to pending: the first {len(snap.claims)}, "
@@ -119,7 +119,9 @@ def reclaim(
     record. Passes repeat until no expired claim is left. Claims without a lease entry
     (evicted or partly restored) get their lease back (claim_lease_ttl_seconds), not a
     redelivery: a live owner goes on, a dead owner's comes back one lease later; they are
-    counted as leases_restored and reported on stderr. Meant for
+    counted as leases_restored and reported on stderr. On a Redis Cluster each queue's
+    run also finishes its outbox: records acked on their way to a list in another slot
+    are pushed (counted as replayed; docs/topology.md#acks-across-slots). Meant for
     cron: prints one summary line (or --json), exit status 0; on a Redis or config error
     one line and 1. Needs no running consumer. The rules: docs/protocol.md.
 
@@ -136,24 +138,21 @@ def reclaim(
             "reclaim --once works on the configured queues: give a transport config "
             "(--transport-config or --transport-config-file) whose queues list them"
         )
-    from claimkit.ops.reclaim import reclaim_all, reclaim_json
+    from claimkit.ops.inspect import cluster_layout
+    from claimkit.ops.reclaim import reclaim_all, reclaim_json, reclaim_line
     from claimkit.protocol.ops import ReclaimCounts, orphans_message
 
-    async def go(store: Store) -> dict[str, ReclaimCounts]:
-        return await reclaim_all(store, config)
+    async def go(store: Store) -> tuple[dict[str, ReclaimCounts], bool]:
+        return await reclaim_all(store, config), cluster_layout(store)
 
-    per_queue = with_store(config, go)
+    per_queue, cluster = with_store(config, go)
     total = ReclaimCounts()
     for counts in per_queue.values():
         total += counts
     show(
         json_out,
-        doc=lambda: reclaim_json(per_queue, total),
-        text=lambda: (
-            f"claimkit reclaim: queues={len(per_queue)} redelivered={total.redelivered} "
-            f"dead_lettered={total.dead} ghosts={total.ghosts} "
-            f"leases_restored={total.leases_restored}"
-        ),
+        doc=lambda: reclaim_json(per_queue, total, cluster=cluster),
+        text=lambda: reclaim_line(len(per_queue), total, cluster=cluster),
     )
     for name, c in per_queue.items():
         if c.orphans:

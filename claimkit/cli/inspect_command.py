@@ -133,6 +133,8 @@ def inspect_queue(
     been held (exact for claimkit's tokens, which carry their claim time; with --watch a
     lower bound for others). Expired leases are red: any reclaimer may redeliver them.
     Reads only the queue's own keys, the retry set and the result list; never KEYS or SCAN.
+    On a Redis Cluster (mode "cluster") the counts add the outbox: records acked and on
+    their way to a result list in another slot (docs/topology.md#cluster-key-layout).
     With --watch the header says when the view was read; while Redis does not answer, the
     last view stays with a STALE line saying since when, and the watch keeps retrying.
     The keys: docs/protocol.md.
@@ -157,7 +159,7 @@ def inspect_queue(
                 store,
                 queue,
                 console=out,
-                key_types=target.key_types(),
+                key_types=target.key_types(store),
                 result_lists=target.result_lists,
                 retry_set=config.retry_queue_name,
                 limit=limit,
@@ -177,7 +179,7 @@ def inspect_queue(
         )
         return snap, store.url
 
-    snap, url = with_store(config, once, key_types=target.key_types())
+    snap, url = with_store(config, once, key_types=target.key_types)
 
     def view() -> RenderableType:
         from claimkit.cli.console import snapshot_view

@@ -185,7 +185,9 @@ def cancel(
     async def go(store: Store) -> tuple[list[bool], SubmitError | None]:
         # In order; a refused id (a cancel key of another type) stops the run there.
         found: list[bool] = []
-        producer = Producer(store, "")
+        # The configuration's result list: on a Redis Cluster a finished request's marker
+        # is read in that list's marker hash (docs/topology.md#cluster-key-layout).
+        producer = Producer(store, "", result_list=config.result_queue_name)
         for rid in ids:
             try:
                 found.append(await producer.cancel(rid))

@@ -48,6 +48,11 @@ __all__ = [
 
 T = TypeVar("T")
 
+KeyTypes = Mapping[str, str] | Callable[["Store"], Mapping[str, str]]
+"""What :func:`with_store` checks before the command runs: key name -> Redis type, or a
+function of the open store giving them (the key names follow the store's mode: standalone,
+or a Redis Cluster's layout, docs/topology.md#cluster-key-layout)."""
+
 
 def resolve_queue(
     queue: str,
@@ -74,7 +79,7 @@ def resolve_queue(
 
 
 def _in_store(
-    config: Config, fn: Callable[[Store], Awaitable[T]], key_types: Mapping[str, str] | None
+    config: Config, fn: Callable[[Store], Awaitable[T]], key_types: KeyTypes | None
 ) -> Callable[[], Awaitable[T]]:
     async def go() -> T:
         async with open_store(
@@ -86,7 +91,8 @@ def _in_store(
             if key_types is not None:
                 from claimkit.ops.inspect import check_key_types
 
-                await check_key_types(store, key_types)
+                expected = key_types(store) if callable(key_types) else key_types
+                await check_key_types(store, expected)
             return await fn(store)
 
     return go
@@ -96,11 +102,12 @@ def with_store(
     config: Config,
     fn: Callable[[Store], Awaitable[T]],
     *,
-    key_types: Mapping[str, str] | None = None,
+    key_types: KeyTypes | None = None,
     interrupt: Interrupt = Interrupt.FAIL,
 ) -> T:
-    """Open the store on ``config.url``, check ``key_types`` (key name -> Redis type;
-    ``None``: no check), and return ``await fn(store)``.
+    """Open the store on ``config.url``, check ``key_types`` (key name -> Redis type, or a
+    function of the store giving them, :data:`KeyTypes`; ``None``: no check), and return
+    ``await fn(store)``.
 
     Every operator error ends the command with one line and exit status 1; Ctrl-C, by
     default, with one line and exit status 130 (``interrupt``, :class:`Interrupt`).
@@ -112,7 +119,7 @@ def with_store_until_stopped(
     config: Config,
     fn: Callable[[Store], Awaitable[T]],
     *,
-    key_types: Mapping[str, str] | None = None,
+    key_types: KeyTypes | None = None,
 ) -> T | None:
     """:func:`with_store` for a command that runs until Ctrl-C (``--watch``, ``--follow``):
     Ctrl-C ends it quietly (exit status 0) and gives ``None``."""

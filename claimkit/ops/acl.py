@@ -11,6 +11,12 @@ parameters (:func:`claimkit.config.gate_params.budget_key`), and the commands a 
 scripts call are read from the scripts themselves, so the rule follows the code. A record a
 request routes to a list of its own (``internal.result_queue_name``) needs that list granted
 too (``extra_lists``). See ``docs/security.md``.
+
+The key layout is the configuration's ``mode``: on a Redis Cluster (``mode: cluster``) the
+per-queue keys are ``{q}:claimed``... with the queue's outbox and own retry sets, each result
+list's dedup markers are ``{L}:result-terminal`` and ``{L}:result-terminal-expiry`` (no
+``result-terminal:*``), and a holding list is ``{L}:following:<hex>``
+(docs/topology.md#cluster-key-layout). An ACL is per node: the rule goes to every node.
 """
 
 from __future__ import annotations
@@ -56,10 +62,37 @@ _SCRIPTS: dict[str, tuple[str, ...]] = {
     "producer": (),
     "operator": ("inspect", "release", "reclaim", "requeue-dead"),
 }
+# On a Redis Cluster (docs/topology.md#cluster-key-layout) every client reads the
+# cluster's slot map (CLUSTER SLOTS) and follows an ASK redirect (ASKING) while a slot
+# migrates; the consumer and the reclaim run finish outbox entries (HSCAN a page, HDEL the
+# pushed); inspect reads the outbox's size (HLEN); cancel reads the record's marker in its
+# list's marker hash (HGET) and its expiry (ZSCORE). The scripts are the cluster variants:
+# acks in one slot or through the outbox, per-list markers, per-queue retry sets; dead
+# requeue deletes markers in each list's slot.
+_CLUSTER_CLIENT = ("CLUSTER|SLOTS", "ASKING")
+_CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
+    "consumer": (*_CLUSTER_CLIENT, "HSCAN", "HDEL"),
+    "producer": (*_CLUSTER_CLIENT, "HGET", "ZSCORE"),
+    "operator": (*_CLUSTER_CLIENT, "HLEN", "HSCAN", "HDEL", "HGET", "ZSCORE"),
+}
+_CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
+    "consumer": tuple(
+        "claim cancelled renew ack-local ack-outbox push-result outbox-aim park release "
+        "reclaim-cluster move-retries-queue dead-letter-outbox".split()
+    ),
+    "producer": (),
+    "operator": tuple(
+        "inspect release reclaim-cluster push-result outbox-aim requeue-dead drop-markers".split()
+    ),
+}
+# With wait_replicas set, every call of a writing script is followed by WAIT
+# (docs/topology.md#failover): the consumer's, and drain's and reclaim's.
+_WAITS = ("consumer", "operator")
 # A command a script calls: named in the call, or in a table of commands (the key guard's
 # ``{ zset = 'ZCARD', ... }``).
 _LUA_CALL = re.compile(r"(?:redis\.p?call\(\s*|=\s*)['\"]([A-Z][A-Za-z]+)['\"]")
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+_GLOB_SPECIAL_BRACES = re.compile(r"([*?\[\]\\{}])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +121,14 @@ class AclRule:
         return f"ACL SETUSER {user} on {self.rule()}"
 
 
-def _glob(name: str) -> str:
+def _glob(name: str, *, braces: bool = False) -> str:
     """``name`` as an ACL key pattern matching only itself, but for white space: Redis
     refuses a pattern with a space ("Syntax error"), so each white-space character becomes
-    ``?`` (any one character), the narrowest pattern Redis takes for such a name."""
-    escaped = _GLOB_SPECIAL.sub(r"\\\1", name)
+    ``?`` (any one character), the narrowest pattern Redis takes for such a name. With
+    ``braces`` (the cluster layout, whose names carry hash tags) ``{`` and ``}`` are
+    escaped too: ``\\{q\\}:claimed`` reads as the exact name it is."""
+    special = _GLOB_SPECIAL_BRACES if braces else _GLOB_SPECIAL
+    escaped = special.sub(r"\\\1", name)
     return "".join("?" if c.isspace() else c for c in escaped)
 
 
@@ -100,11 +136,22 @@ def _lua_commands(names: Iterable[str]) -> set[str]:
     return {m.upper() for name in names for m in _LUA_CALL.findall(script_source(name))}
 
 
-def _queue_keys(queue: str, *, pending_only: bool = False) -> list[str]:
-    keys = _keys.QueueKeys.for_queue(queue)
+def _queue_keys(
+    queue: str, *, cluster: bool, retry_set: str, pending_only: bool = False
+) -> list[str]:
+    """The keys of ``queue`` a role touches, in key order: every per-queue key of the
+    layout (standalone: the six; cluster: also the outbox and the queue's retry sets), or
+    only the pending set."""
+    keys = _keys.QueueKeys.for_queue(queue, cluster=cluster, retry_set=retry_set)
     if pending_only:
         return [keys.pending]
     return list(keys.types())
+
+
+def cluster_config(config: Config) -> bool:
+    """Whether ``config`` names a Redis Cluster (``mode: cluster``), so its rules use the
+    cluster key layout (docs/topology.md#cluster-key-layout)."""
+    return config.mode == "cluster"
 
 
 def acl_rule(
@@ -131,29 +178,43 @@ def acl_rule(
     lists = [config.result_queue_name]
     lists += [q.result_queue_name for q in config.queues if q.result_queue_name]
     lists = list(dict.fromkeys([*lists, *extra_lists]))
+    cluster = cluster_config(config)
+    retry = config.retry_queue_name
+
+    def glob(name: str) -> str:
+        return _glob(name, braces=cluster)
+
     keys: list[str] = []
     for name in names:
-        keys += map(_glob, _queue_keys(name, pending_only=role == "producer"))
-    if role != "producer":
-        retry = config.retry_queue_name
-        keys += [_glob(retry), _glob(_keys.retry_dead(retry))]
-    keys += map(_glob, lists)
-    if role != "consumer":
-        keys += [_glob(_keys.results_holding_prefix(name)) + "*" for name in lists]
-    keys += [
-        _glob(prefix) + "*"
-        for prefix in (
-            _keys.RESULT_TERMINAL_PREFIX,
-            _keys.REQUEST_ACTIVE_PREFIX,
-            _keys.REQUEST_CANCEL_PREFIX,
+        keys += map(
+            glob,
+            _queue_keys(name, cluster=cluster, retry_set=retry, pending_only=role == "producer"),
         )
-    ]
+    if role != "producer" and not cluster:  # a cluster has a retry set per queue (above)
+        keys += [glob(retry), glob(_keys.retry_dead(retry))]
+    keys += map(glob, lists)
+    if role != "consumer":
+        keys += [glob(_keys.results_holding_prefix(name, cluster=cluster)) + "*" for name in lists]
+    prefixes = [_keys.REQUEST_ACTIVE_PREFIX, _keys.REQUEST_CANCEL_PREFIX]
+    if cluster:  # the dedup markers are per list, in its slot: exact names
+        for name in lists:
+            markers = _keys.ResultKeys.for_list(name)
+            keys += [glob(markers.terminal), glob(markers.expiry)]
+    else:
+        prefixes.insert(0, _keys.RESULT_TERMINAL_PREFIX)
+    keys += [glob(prefix) + "*" for prefix in prefixes]
     if role == "consumer":
         for q in config.queues:
             key = budget_key(q)
             if key is not None:
-                keys.append(_glob(key))
-    commands = {*_COMMANDS[role], *_lua_commands(_SCRIPTS[role])}
+                keys.append(glob(key))
+    if cluster:
+        commands = {*_COMMANDS[role], *_CLUSTER_COMMANDS[role]}
+        commands |= _lua_commands(_CLUSTER_SCRIPTS[role])
+    else:
+        commands = {*_COMMANDS[role], *_lua_commands(_SCRIPTS[role])}
+    if config.wait_replicas > 0 and role in _WAITS:
+        commands.add("WAIT")
     return AclRule(
         role=role,
         commands=tuple(sorted(c.lower() for c in commands)),

@@ -12,6 +12,9 @@ own reason and stays dead, since putting it back would only dead-letter it again
 accepted ones go through ``lua/requeue-dead-3.lua``: back to pending at ``data.deadline``,
 delivery count reset, atomically per batch. Members are found by their ``data.id`` by
 reading the dead set in pages of :data:`~claimkit.protocol.ops.CHUNK` (never a keyspace scan).
+
+On a Redis Cluster the dead set is ``{q}:dead``, in the queue's slot
+(docs/topology.md#cluster-key-layout); every ``MULTI`` here reads that one key.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 from claimkit.ops.inspect import json_float, with_scores
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import Invalid, max_deliveries_message, parse_member, utf8_text
-from claimkit.protocol.operator import OperatorScripts
+from claimkit.protocol.operator import OperatorScripts, cluster_layout
 from claimkit.protocol.ops import CHUNK, RequeueCode
 from claimkit.protocol.routing import reserved_destination
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
+    from claimkit.protocol.routing import ResultRouting
     from claimkit.store import Store
 
 __all__ = [
@@ -41,6 +45,7 @@ __all__ = [
     "PurgeReport",
     "Refusal",
     "RequeueReport",
+    "dead_key",
     "find_dead",
     "list_dead",
     "purge_dead",
@@ -231,23 +236,30 @@ async def list_dead(store: Store, queue: str, *, limit: int = 50) -> tuple[int, 
 
     One ``MULTI``/``EXEC`` of ``ZCARD`` and ``ZRANGE ... WITHSCORES``; nothing is changed.
     """
-    dead = _keys.QueueKeys.for_queue(queue).dead
+    dead = dead_key(store, queue)
     total, raw = await store.pipeline(
         [("ZCARD", dead), ("ZRANGE", dead, 0, limit - 1, "WITHSCORES")], transaction=True
     )
     return int(total), _parse_page(raw)
 
 
+def dead_key(store: Store, queue: str) -> str:
+    """The name of ``queue``'s dead set on ``store``: ``<q>:dead``, or ``{q}:dead`` on a
+    Redis Cluster (:func:`~claimkit.protocol.operator.cluster_layout`,
+    docs/topology.md#cluster-key-layout)."""
+    return _keys.QueueKeys.for_queue(queue, cluster=cluster_layout(store)).dead
+
+
 def _parse_page(raw: Sequence[Any]) -> list[DeadLetter]:
     return [DeadLetter.parse(member, score) for member, score in with_scores(raw)]
 
 
-async def _pages(store: Store, dead_key: str) -> AsyncIterator[list[DeadLetter]]:
+async def _pages(store: Store, key: str) -> AsyncIterator[list[DeadLetter]]:
     """The dead set in pages of :data:`CHUNK`, by rank. A concurrent change may shift a
     member across a page boundary; callers tolerate seeing one twice or missing one."""
     start = 0
     while True:
-        raw = await store.command("ZRANGE", dead_key, start, start + CHUNK - 1, "WITHSCORES")
+        raw = await store.command("ZRANGE", key, start, start + CHUNK - 1, "WITHSCORES")
         page = _parse_page(raw)
         if not page:
             return
@@ -262,7 +274,7 @@ async def find_dead(store: Store, queue: str, ids: Sequence[str]) -> list[DeadLe
     """
     wanted = set(ids)
     found: list[DeadLetter] = []
-    async for page in _pages(store, _keys.QueueKeys.for_queue(queue).dead):
+    async for page in _pages(store, dead_key(store, queue)):
         found += [d for d in page if d.id is not None and d.id in wanted]
     return found
 
@@ -279,7 +291,13 @@ def _tally(report: RequeueReport, page: Sequence[DeadLetter], codes: Sequence[Re
 
 
 async def _requeue_page(
-    store: Store, queue: str, page: Sequence[DeadLetter], report: RequeueReport, *, keep: bool
+    store: Store,
+    queue: str,
+    page: Sequence[DeadLetter],
+    report: RequeueReport,
+    *,
+    keep: bool,
+    routing: ResultRouting | None,
 ) -> int:
     """Requeue the acceptable members of ``page`` (one script call), refuse the others.
     Returns how many of ``page`` are still in the dead set (refused or left by the script)."""
@@ -292,7 +310,7 @@ async def _requeue_page(
             report.refused.append(Refusal(dead, problem))
     codes = (
         await OperatorScripts(store, queue).requeue_dead(
-            [d.member for d in accepted], keep_marker=keep
+            [d.member for d in accepted], keep_marker=keep, routing=routing
         )
         if accepted
         else []
@@ -302,7 +320,12 @@ async def _requeue_page(
 
 
 async def requeue_dead(
-    store: Store, queue: str, ids: Sequence[str] | None = None, *, keep_marker: bool = False
+    store: Store,
+    queue: str,
+    ids: Sequence[str] | None = None,
+    *,
+    keep_marker: bool = False,
+    routing: ResultRouting | None = None,
 ) -> RequeueReport:
     """Move dead letters the consumer would accept back to pending at score
     ``data.deadline`` and reset their delivery count (``HDEL <q>:deliveries <id>``), by
@@ -320,12 +343,17 @@ async def requeue_dead(
     ``INVALID_REQUEST``) is then followed by a second one: requeueing is an operator's
     deliberate exception to "one record per generation" (docs/protocol.md#ack). With
     ``keep_marker`` the guarantee holds and the rerun's record is suppressed as a duplicate.
+    On a Redis Cluster a marker is kept per result list, in the list's slot
+    (docs/topology.md#cluster-key-layout): those of the list ``routing`` sends the
+    request's record to and of its fallback list are deleted, just before the batch moves.
 
     Args:
         store: an open store.
         queue: ``<q>``.
         ids: the request ids to requeue (every generation found); ``None`` = all.
         keep_marker: keep the dedup markers.
+        routing: the queue's result routing (the lists whose markers are deleted on a
+            Redis Cluster); ``None``: the default global list alone.
 
     Returns:
         A :class:`RequeueReport`.
@@ -340,18 +368,18 @@ async def requeue_dead(
         report.not_found = [rid for rid in dict.fromkeys(ids) if rid not in seen]
         for start in range(0, len(found), CHUNK):
             page = found[start : start + CHUNK]
-            await _requeue_page(store, queue, page, report, keep=keep_marker)
+            await _requeue_page(store, queue, page, report, keep=keep_marker, routing=routing)
         return report
     # All: members that stay dead keep their rank at the front, so the next page starts
     # after them; requeued members leave the set.
-    dead_key = _keys.QueueKeys.for_queue(queue).dead
+    dead = dead_key(store, queue)
     offset = 0
     while True:
-        raw = await store.command("ZRANGE", dead_key, offset, offset + CHUNK - 1, "WITHSCORES")
+        raw = await store.command("ZRANGE", dead, offset, offset + CHUNK - 1, "WITHSCORES")
         page = _parse_page(raw)
         if not page:
             return report
-        offset += await _requeue_page(store, queue, page, report, keep=keep_marker)
+        offset += await _requeue_page(store, queue, page, report, keep=keep_marker, routing=routing)
 
 
 async def purge_dead(
@@ -372,7 +400,7 @@ async def purge_dead(
     Raises:
         ValueError: both ``ids`` and ``older_than`` given, or ``older_than`` negative.
     """
-    dead_key = _keys.QueueKeys.for_queue(queue).dead
+    dead = dead_key(store, queue)
     if ids is not None and older_than is not None:
         raise ValueError("give ids or older_than, not both")
     if ids is not None:
@@ -381,14 +409,14 @@ async def purge_dead(
         report = PurgeReport(not_found=[rid for rid in dict.fromkeys(ids) if rid not in seen])
         for start in range(0, len(found), CHUNK):
             chunk = [d.member for d in found[start : start + CHUNK]]
-            report.purged += int(await store.command("ZREM", dead_key, *chunk))
+            report.purged += int(await store.command("ZREM", dead, *chunk))
         return report
     if older_than is not None:
         if older_than < 0:
             raise ValueError("older_than must be non-negative seconds")
         secs, micros = await store.command("TIME")
         cutoff = int(secs) + int(micros) / 1_000_000 - older_than
-        removed = await store.command("ZREMRANGEBYSCORE", dead_key, "-inf", repr(cutoff))
+        removed = await store.command("ZREMRANGEBYSCORE", dead, "-inf", repr(cutoff))
         return PurgeReport(purged=int(removed))
-    count, _ = await store.pipeline([("ZCARD", dead_key), ("DEL", dead_key)], transaction=True)
+    count, _ = await store.pipeline([("ZCARD", dead), ("DEL", dead)], transaction=True)
     return PurgeReport(purged=int(count))

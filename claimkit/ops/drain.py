@@ -11,6 +11,9 @@ The consumer that held a released claim learns it at its next heartbeat (the cla
 docs/protocol.md#heartbeat) and cancels the work; if the work finishes first, its ack still
 pushes the one terminal record and withdraws the pending copy (docs/protocol.md#ack), so
 nothing runs to two records.
+
+On a Redis Cluster the claim keys are ``{q}:claimed``... (docs/topology.md#cluster-key-layout),
+all in the queue's slot, so each batch's ``MULTI`` and release script stay in one slot.
 """
 
 from __future__ import annotations

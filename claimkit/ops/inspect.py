@@ -2,8 +2,9 @@
 
 :func:`snapshot` reads one queue's keys (docs/protocol.md#keys) with the read-only
 ``inspect`` script, so its counts and claim rows describe one instant of the Redis server
-clock, then the retry set and the result lists with one pipeline. Nothing is written and
-nothing scans the keyspace (no ``KEYS``/``SCAN``): every key read is named by the queue.
+clock, then the retry set and the result lists with one pipeline (and on a Redis Cluster the
+queue's outbox, docs/topology.md#cluster-key-layout). Nothing is written and nothing scans
+the keyspace (no ``KEYS``/``SCAN``): every key read is named by the queue.
 
 :func:`check_key_types` turns a key of the wrong Redis type (a ``--queue`` that names a
 string, say) into one :class:`WrongKeyType` line before any script meets it.
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from claimkit.config import WrongKeyType
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import retry_queue_name
-from claimkit.protocol.operator import OperatorScripts
+from claimkit.protocol.operator import OperatorScripts, cluster_layout
 from claimkit.protocol.ops import first_wrong_type, token_time
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ __all__ = [
     "QueueSnapshot",
     "WrongKeyType",
     "check_key_types",
+    "cluster_layout",
     "json_float",
     "json_safe",
     "queue_key_types",
@@ -50,9 +52,15 @@ entry (a few ms of Redis time per 10,000). Beyond it ``claimed`` and ``orphans``
 bounds (``claims_exact`` False)."""
 
 
-def queue_key_types(queue: str) -> dict[str, str]:
-    """The Redis type of every per-queue key of ``queue`` (docs/protocol.md#keys), by key name."""
-    return _keys.QueueKeys.for_queue(queue).types()
+def queue_key_types(
+    queue: str, *, cluster: bool = False, retry_set: str = _keys.DEFAULT_RETRY_SET
+) -> dict[str, str]:
+    """The Redis type of every per-queue key of ``queue`` (docs/protocol.md#keys), by key
+    name: the six standalone keys, or with ``cluster`` the cluster layout's names, the
+    queue's outbox and its own retry sets (``{q}:<retry_set>``) included
+    (:meth:`QueueKeys.types <claimkit.protocol.keys.QueueKeys.types>`,
+    docs/topology.md#cluster-key-layout)."""
+    return _keys.QueueKeys.for_queue(queue, cluster=cluster, retry_set=retry_set).types()
 
 
 async def check_key_types(store: Store, expected: Mapping[str, str]) -> None:
@@ -149,7 +157,8 @@ class QueueSnapshot:
         expired: lease entries whose expiry is ``<= server_time``.
         dead: ``ZCARD <q>:dead``.
         redelivered: requests with a delivery count (``HLEN <q>:deliveries``).
-        retry_set: the retry ZSET's name.
+        retry_set: the retry ZSET's name: the shared ``retry_queue_name``, on a Redis
+            Cluster the queue's own ``{q}:<retry_queue_name>``.
         retry_total: ``ZCARD`` of the retry set (every queue's members).
         retrying: members of the retry set routed to this queue.
         retrying_exact: ``False`` when the retry set was larger than
@@ -163,6 +172,10 @@ class QueueSnapshot:
             entry"); the reclaimer handles them as expired.
         claims_exact: ``False`` when a claim hash was larger than :data:`CLAIM_SCAN_MAX`
             fields; ``claimed`` and ``orphans`` are then lower bounds.
+        outbox: on a Redis Cluster, the records on their way to a result list of another
+            slot (``HLEN {q}:outbox``, docs/topology.md#cluster-key-layout): acked claims
+            whose record is not pushed yet; any reclaimer pushes them. ``None`` standalone,
+            which has no outbox.
     """
 
     queue: str
@@ -183,6 +196,7 @@ class QueueSnapshot:
     leases: int = 0
     orphans: int = 0
     claims_exact: bool = True
+    outbox: int | None = None
 
     @property
     def result_count(self) -> int:
@@ -193,24 +207,28 @@ class QueueSnapshot:
         """The ``inspect --json`` document. ``url`` must already be redacted.
 
         Strict JSON: a non-finite time or score (a pending score of ``inf``, say) is the
-        string ``"inf"``, ``"-inf"`` or ``"nan"`` (:func:`json_float`).
+        string ``"inf"``, ``"-inf"`` or ``"nan"`` (:func:`json_float`). ``counts`` has an
+        ``outbox`` entry on a Redis Cluster only (:attr:`outbox`).
         """
         doc: dict[str, Any] = {"queue": self.queue}
         if url is not None:
             doc["redis_url"] = url
+        counts: dict[str, int] = {
+            "pending": self.pending,
+            "claimed": self.claimed,
+            "orphans": self.orphans,
+            "expired": self.expired,
+            "retrying": self.retrying,
+            "dead": self.dead,
+        }
+        if self.outbox is not None:
+            counts["outbox"] = self.outbox
+        counts["results"] = self.result_count
+        counts["redelivered"] = self.redelivered
         doc.update(
             {
                 "server_time": self.server_time,
-                "counts": {
-                    "pending": self.pending,
-                    "claimed": self.claimed,
-                    "orphans": self.orphans,
-                    "expired": self.expired,
-                    "retrying": self.retrying,
-                    "dead": self.dead,
-                    "results": self.result_count,
-                    "redelivered": self.redelivered,
-                },
+                "counts": counts,
                 "oldest_pending_deadline": json_float(self.oldest_pending_deadline),
                 "retry_set": {
                     "name": self.retry_set,
@@ -271,13 +289,15 @@ async def snapshot(
 
     Two round trips: the read-only ``inspect`` script for the queue's own keys
     (docs/protocol.md#keys; one consistent instant), then one pipeline for the retry set and
-    the result lists.
+    the result lists (a ``MULTI``; on a Redis Cluster, whose keys here span slots, a plain
+    pipeline that also reads the queue's outbox, docs/topology.md#cluster-key-layout).
 
     Args:
-        store: an open store.
+        store: an open store; its mode picks the key layout (:func:`cluster_layout`).
         queue: ``<q>``.
         result_lists: the lists whose ``LLEN`` is reported as ``results``.
-        retry_set: the retry ZSET (``retry_queue_name``).
+        retry_set: ``retry_queue_name``: the retry ZSET, on a Redis Cluster the name the
+            queue's own ``{q}:<retry_set>`` is made of.
         limit: at most this many claim rows, earliest lease expiry first; 0 = all.
         first_seen: a tracker kept across calls (``--watch``): ``(id, token)`` -> the
             server time the claim was first seen. It is updated here (claims gone are
@@ -295,7 +315,8 @@ async def snapshot(
     """
     if limit < 0:
         raise ValueError("limit must be 0 (all) or more")
-    found = await OperatorScripts(store, queue).inspect(limit, CLAIM_SCAN_MAX)
+    scripts = OperatorScripts(store, queue)
+    found = await scripts.inspect(limit, CLAIM_SCAN_MAX)
     now = found.server_now
     rows: list[ClaimRow] = []
     for claim in found.rows:
@@ -319,17 +340,20 @@ async def snapshot(
     if first_seen is not None:
         rows = _track_held(rows, now, first_seen)
 
+    keys = _keys.QueueKeys.for_queue(queue, cluster=scripts.cluster, retry_set=retry_set)
     lists = list(dict.fromkeys(result_lists))
-    extra = await store.pipeline(
-        [
-            ("ZCARD", retry_set),
-            ("ZRANGE", retry_set, 0, RETRY_SCAN_MAX - 1),
-            *(("LLEN", name) for name in lists),
-        ],
-        transaction=True,
-    )
+    calls: list[tuple[Any, ...]] = [
+        ("ZCARD", keys.retry_set),
+        ("ZRANGE", keys.retry_set, 0, RETRY_SCAN_MAX - 1),
+        *(("LLEN", name) for name in lists),
+    ]
+    if keys.outbox is not None:
+        calls.append(("HLEN", keys.outbox))
+    # A MULTI must not span slots: on a cluster the lists are anywhere (CROSSSLOT).
+    extra = await store.pipeline(calls, transaction=not scripts.cluster)
     retry_total = int(extra[0])
     retrying = sum(1 for member in extra[1] if retry_queue_name(member) == queue)
+    list_lengths = extra[2 : 2 + len(lists)]
     return QueueSnapshot(
         queue=queue,
         server_time=now,
@@ -339,16 +363,17 @@ async def snapshot(
         expired=found.expired,
         dead=found.dead,
         redelivered=found.redelivered,
-        retry_set=retry_set,
+        retry_set=keys.retry_set,
         retry_total=retry_total,
         retrying=retrying,
         retrying_exact=retry_total <= RETRY_SCAN_MAX,
-        results={name: int(n) for name, n in zip(lists, extra[2:], strict=True)},
+        results={name: int(n) for name, n in zip(lists, list_lengths, strict=True)},
         claims=tuple(rows),
         limit=limit,
         leases=found.leases,
         orphans=found.orphans,
         claims_exact=found.claims_exact,
+        outbox=None if keys.outbox is None else int(extra[-1]),
     )
 
 

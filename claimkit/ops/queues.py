@@ -2,7 +2,9 @@
 
 :class:`OperatorQueue` holds a queue name with the configuration it was resolved in and
 answers what every operator command asks before it touches Redis: where the queue's
-records go, and which Redis type each key it reads must hold. Unrelated to
+records go, and which Redis type each key it reads must hold, in the key layout of the
+store's mode (standalone, docs/protocol.md#keys; a Redis Cluster,
+docs/topology.md#cluster-key-layout). Unrelated to
 :class:`claimkit.consumer.dispatch.Target` (where a request is sent).
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from claimkit.ops.inspect import queue_key_types
+from claimkit.ops.inspect import cluster_layout, queue_key_types
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.routing import ResultRouting
 
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 
     from claimkit.config import Config, QueueConfig
     from claimkit.ops.dead import DeadLetter, DeathCause
+    from claimkit.store import Store
 
 __all__ = ["OperatorQueue"]
 
@@ -43,28 +46,44 @@ class OperatorQueue:
         the one routing rule. A member that names its own ``internal.result_queue_name``
         sends its record there instead; those lists are not known without reading every
         member, so the operator commands name them with ``--list``."""
-        qc = self.queue_config
-        routing = ResultRouting(qc.result_queue_name if qc else None, self.config.result_queue_name)
-        return [routing.fallback]
+        return [self.routing.fallback]
 
-    def key_types(self) -> dict[str, str]:
-        """The Redis type every key the operator commands read must hold, by key name."""
+    @property
+    def routing(self) -> ResultRouting:
+        """This queue's result routing (docs/protocol.md#result-routing): its configured
+        ``result_queue_name``, else the member's, else the global one."""
+        qc = self.queue_config
+        return ResultRouting(qc.result_queue_name if qc else None, self.config.result_queue_name)
+
+    def key_types(self, store: Store, *, markers: bool = False) -> dict[str, str]:
+        """The Redis type every key the operator commands read must hold, by key name, in
+        ``store``'s key layout (:func:`~claimkit.ops.inspect.cluster_layout`): the queue's
+        keys, the retry set (on a Redis Cluster the queue's own, with its outbox) and
+        :attr:`result_lists`. ``markers``: on a Redis Cluster also the dedup marker keys of
+        those lists (``{L}:result-terminal``, ``{L}:result-terminal-expiry``; ``dead
+        requeue`` deletes markers there)."""
+        cluster = cluster_layout(store)
+        retry = self.config.retry_queue_name
         # The queue's own keys win a name clash: `inspect -q result-list` must say that the
         # key is a list, not a sorted set, rather than check it as the result list.
-        types = {self.config.retry_queue_name: _keys.RETRY_SET_TYPE}
-        types.update({name: _keys.RESULT_LIST_TYPE for name in self.result_lists})
-        types.update(queue_key_types(self.queue))
+        types = {} if cluster else {retry: _keys.RETRY_SET_TYPE}
+        for name in self.result_lists:
+            if cluster and markers:
+                types.update(_keys.ResultKeys.for_list(name).types())
+            types[name] = _keys.RESULT_LIST_TYPE
+        types.update(queue_key_types(self.queue, cluster=cluster, retry_set=retry))
         return types
 
     def causes_of_death(
-        self, letters: Sequence[DeadLetter], *, configured: bool
+        self, letters: Sequence[DeadLetter], *, configured: bool, cluster: bool = False
     ) -> list[DeathCause]:
         """Why each of ``letters`` died (:meth:`DeadLetter.cause_of_death`), judged with
-        this config's reserved keys. Without a transport config (``configured`` false)
-        the default max_deliveries would be a guess, so it is not used."""
+        this config's reserved keys (in the cluster layout when ``cluster``). Without a
+        transport config (``configured`` false) the default max_deliveries would be a
+        guess, so it is not used."""
         config = self.config
         queues = [q.queue_name for q in config.queues] or [self.queue]
-        reserved = _keys.reserved_keys(queues, config.retry_queue_name)
+        reserved = _keys.reserved_keys(queues, config.retry_queue_name, cluster=cluster)
         own_list = bool(self.queue_config and self.queue_config.result_queue_name)
         return [
             d.cause_of_death(

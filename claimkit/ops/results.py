@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from claimkit.protocol import keys as _keys
+from claimkit.protocol.operator import cluster_layout
 from claimkit.protocol.store_calls import read_results as read_results
 from claimkit.store import StoreUnavailable
 
@@ -56,15 +57,16 @@ async def follow_results(
     """Pop records from the list ``name`` oldest first and ``emit`` each, until ``count``
     records (``None``: until cancelled). Returns how many were emitted.
 
-    A popped record survives a lost reply. A record is not popped with ``BRPOP``, whose reply dies
-    with a broken connection after Redis already removed the record: it is moved with
-    ``BLMOVE name holding RIGHT LEFT`` into a holding list of this reader's own
-    (:func:`claimkit.protocol.keys.results_holding_list`), emitted, and only then deleted from
-    there. A reply lost on the way leaves the record in the holding list, and it is
-    emitted from there once Redis answers again. The holding list has at most one record.
-    At worst a record is emitted twice (Ctrl-C between emitting it and noting that), never
-    not at all, unless the reader itself is killed with a record in its holding list
-    (docs/operations.md says how to move it back).
+    A popped record survives a lost reply. A record is not popped with ``BRPOP``, whose
+    reply dies with a broken connection after Redis already removed the record: it is moved
+    with ``BLMOVE name holding RIGHT LEFT`` into a holding list of this reader's own
+    (:func:`claimkit.protocol.keys.results_holding_list`; on a Redis Cluster in the list's
+    slot, ``{<list>}:following:<hex>``, docs/topology.md#cluster-key-layout), emitted, and
+    only then deleted from there. A reply lost on the way leaves the record in the holding
+    list, and it is emitted from there once Redis answers again. The holding list has at
+    most one record. At worst a record is emitted twice (Ctrl-C between emitting it and
+    noting that), never not at all, unless the reader itself is killed with a record in its
+    holding list (docs/operations.md says how to move it back).
 
     While Redis is unreachable (:class:`StoreUnavailable`: down, restarting, loading) this
     says so once through ``notify`` (one line), retries with a backoff from
@@ -77,7 +79,8 @@ async def follow_results(
     was already emitted (shielded, at most 5 s). If Redis cannot be reached for that, one
     ``notify`` line names the holding list and how to move its record back.
     """
-    follower = _Follower(store, name, holding or _keys.results_holding_list(name))
+    holding = holding or _keys.results_holding_list(name, cluster=cluster_layout(store))
+    follower = _Follower(store, name, holding)
     seen = 0
     delay = retry_first
     try:

@@ -272,17 +272,21 @@ def claimed_score_field(request_id: str) -> str:
     return request_id + ":score"
 
 
-def results_holding_list(result_list: str) -> str:
+def results_holding_list(result_list: str, *, cluster: bool = False) -> str:
     """A fresh name for the one-record holding list of a ``claimkit results --follow``
-    reader of ``result_list``: ``<list>:following:<16 hex>`` (claimkit addition). A suffix
-    of the list's name, so a hash tag in it keeps both in one slot."""
-    return results_holding_prefix(result_list) + secrets.token_hex(8)
+    reader of ``result_list``: ``<list>:following:<16 hex>`` (claimkit addition); in the
+    cluster layout ``slot_key(list) + ":following:<16 hex>"``, so the list and its holding
+    list share a slot (``BLMOVE``/``LMOVE`` between them; docs/topology.md#cluster-key-layout).
+    A tagged name (``{t}:results``) gives the same name in both layouts."""
+    return results_holding_prefix(result_list, cluster=cluster) + secrets.token_hex(8)
 
 
-def results_holding_prefix(result_list: str) -> str:
+def results_holding_prefix(result_list: str, *, cluster: bool = False) -> str:
     """What every holding list of ``result_list`` starts with (:func:`results_holding_list`;
-    ``claimkit acl`` grants ``~<prefix>*``)."""
-    return f"{result_list}:following:"
+    ``claimkit acl`` grants ``~<prefix>*``): ``<list>:following:``, in the cluster layout
+    ``slot_key(list) + ":following:"``."""
+    base = slot_key(result_list) if cluster else result_list
+    return f"{base}:following:"
 
 
 def retry_dead(retry_set: str) -> str:
