@@ -627,12 +627,11 @@ def test_acl_grants_wait_when_the_config_waits_for_replicas() -> None:
         assert waits == {"consumer": True, "producer": False, "operator": True}
 
 
-def acl_user(cluster: RedisCluster, role: str, conf: str, *, extra: Sequence[str] = ()) -> str:
+def acl_user(cluster: RedisCluster, role: str, conf: str) -> str:
     """Define the user ``role`` on every node with exactly the rule ``claimkit acl`` prints
-    for ``conf`` (and the ``extra`` key names); empty every node's ACL LOG. Returns the
-    user's URL."""
+    for ``conf``; empty every node's ACL LOG. Returns the user's URL."""
     args = ["acl", "--role", role, "--rule-only", "--transport-config", conf]
-    rule = " ".join([ok(invoke(args)).strip(), *(f"~{name}" for name in extra)])
+    rule = ok(invoke(args)).strip()
     for node in range(len(cluster.nodes)):
         assert cluster.call(node, "ACL", "LOG", "RESET") == b"OK"
         cluster.call(node, "ACL", "DELUSER", role)
@@ -738,18 +737,6 @@ def sim(tmp_path: Path) -> Iterator[str]:
         proc.wait(10)
 
 
-PREFLIGHT_SHARED_RETRY_SET = ("retry-sortedset", "retry-sortedset:dead")
-"""The keys serve's preflight still probes (``TYPE``) on a cluster though nothing there uses
-them: the shared retry set and its dead set (claimkit/consumer/preflight.py ``key_roles``;
-a cluster has a retry set per queue). The cluster rule does not grant them; the serve test
-below grants them apart, so that the rest of serve is checked against the rule."""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="serve's preflight (claimkit/consumer/preflight.py key_roles) also checks the "
-    "shared retry set on a cluster, where each queue has its own",
-)
 def test_serves_preflight_checks_only_the_cluster_keys() -> None:
     roles = key_roles(cluster_config("q", "results"))
     markers = ResultKeys.for_list("results")
@@ -777,7 +764,6 @@ def test_the_consumer_rule_is_enough_for_serve_on_every_node(
         redis_cluster,
         "consumer",
         transport(redis_cluster, queue, results, **fields),
-        extra=PREFLIGHT_SHARED_RETRY_SET,
     )
     t0 = int(server_now(redis_cluster))
     ids = ["r1", "r2", "r3"]

@@ -39,13 +39,19 @@ class KeyRole:
         return self.what.format(repr(key))
 
 
+def _marker_roles(result_list: str, want: Callable[[str, str, str], None]) -> None:
+    """The dedup marker keys of ``result_list`` in cluster mode, through ``want``."""
+    for marker, kind, what in _keys.ResultKeys.for_list(result_list).described()[1:]:
+        want(marker, kind, f"{what} {{}} of result list {result_list!r}")
+
+
 def key_roles(config: Config) -> dict[str, KeyRole]:
     """Every key ``serve`` uses whose Redis type the config tells (docs/protocol.md#keys), by
     name: each queue's own keys (:attr:`~claimkit.protocol.keys.QueueKeys.TYPES`; in cluster
-    mode their cluster names, with the queue's outbox and retry sets), the retry set and its
-    dead set, each queue's result list, the global result list (in cluster mode with their
-    dedup marker keys), and a ``redis`` gate's budget key. Per-request keys are not among
-    them.
+    mode their cluster names, with the queue's outbox and retry sets), the shared retry set
+    and its dead set (standalone and sentinel), each queue's result list, the global result
+    list (in cluster mode with their dedup marker keys), and a ``redis`` gate's budget key.
+    Per-request keys are not among them.
 
     Raises:
         ConfigError: one name would have to be two types at once (a queue's result list
@@ -73,8 +79,9 @@ def key_roles(config: Config) -> dict[str, KeyRole]:
                 kind,
                 f"{what} {{}}" if name == k.pending else f"{what} {{}} of queue {q.queue_name!r}",
             )
-    want(config.retry_queue_name, _keys.RETRY_SET_TYPE, "retry set {}")
-    want(_keys.retry_dead(config.retry_queue_name), _keys.RETRY_SET_TYPE, "retry dead set {}")
+    if not cluster:  # a cluster has a retry set per queue, among the queue's keys above
+        want(config.retry_queue_name, _keys.RETRY_SET_TYPE, "retry set {}")
+        want(_keys.retry_dead(config.retry_queue_name), _keys.RETRY_SET_TYPE, "retry dead set {}")
     for q in config.queues:
         if q.result_queue_name:
             want(
@@ -86,9 +93,7 @@ def key_roles(config: Config) -> dict[str, KeyRole]:
     if cluster:  # each configured list's dedup markers, in its slot
         lists = [q.result_queue_name for q in config.queues if q.result_queue_name]
         for result_list in dict.fromkeys([*lists, config.result_queue_name]):
-            r = _keys.ResultKeys.for_list(result_list)
-            for marker, kind, what in r.described()[1:]:
-                want(marker, kind, f"{what} {{}} of result list {result_list!r}")
+            _marker_roles(result_list, want)
     for q in config.queues:
         try:
             key = budget_key(q)
