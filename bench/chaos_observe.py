@@ -413,6 +413,19 @@ class Event:
     detail: str = ""
 
 
+_ACK_LAYOUTS = {
+    "ack": (7, 2),
+    "ack-local": (6, 3),
+    "ack-outbox": (7, 0),
+    "park": (4, 0),
+    "release": (3, 0),
+}
+"""Per script that ends claims: (ARGV values per item, index of the first item's id)."""
+
+_ACK_ALIASES = {"ack-local": "ack", "ack-outbox": "ack"}
+"""Cluster scripts whose items end their claims as ``ack`` does, by the event they log."""
+
+
 class Monitor(threading.Thread):
     """Reads ``MONITOR`` from one Redis port until :meth:`stop`; reconnects after a crash.
 
@@ -553,18 +566,20 @@ class Monitor(threading.Thread):
             sha = hashlib.sha1(args[1], usedforsecurity=False).hexdigest().encode()
             name = self._by_sha.get(sha)
         key = (client, name, tuple(args[2:]))
+        # A cluster's one-slot ack and its outbox move end the claim as the ack does.
+        kind = _ACK_ALIASES.get(name, name) if name is not None else None
         if args[0] == b"EVAL" and key == self._last_sha:
-            self._call = name  # the reload after NOSCRIPT: the same call, already logged
+            self._call = kind  # the reload after NOSCRIPT: the same call, already logged
             return
         self._last_sha = key if args[0] == b"EVALSHA" else None
-        self._call = name
+        self._call = kind
         self._call_stale = set()
         self._claim_call = None
         try:
-            self._pending = (ts, name, *self._items(name, ts, client, args))
+            self._pending = (ts, kind, *self._items(name, ts, client, args))
         except (ValueError, IndexError):
             self.unparsed += 1
-            self._pending = (ts, name, None, [])
+            self._pending = (ts, kind, None, [])
 
     @staticmethod
     def _items(
@@ -581,9 +596,11 @@ class Monitor(threading.Thread):
             for i in range(2, len(argv) - 4, 5):
                 cands.append((argv[i + 1].decode(), argv[i + 2].decode(), float(argv[i + 3])))
             claim_call = ClaimCall(ts, client, cands)
-        elif name in ("ack", "park", "release"):
-            # ARGV layouts of lua/ack-5.lua, park-4.lua, release-4.lua: (per item, first).
-            step, start = {"ack": (7, 2), "park": (4, 0), "release": (3, 0)}[name]
+        elif name in _ACK_LAYOUTS:
+            # ARGV layouts of lua/ack-5.lua, ack-local-9.lua (cluster, one slot),
+            # ack-outbox-6.lua (cluster, step 1 of an ack across slots), park-4.lua and
+            # release-4.lua: (values per item, index of the first).
+            step, start = _ACK_LAYOUTS[name]
             for i in range(start, len(argv) - step + 1, step):
                 items.append((argv[i].decode(), argv[i + 1].decode()))
         return claim_call, items

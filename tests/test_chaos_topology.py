@@ -180,3 +180,83 @@ def test_wait_replicas_is_passed_through_to_the_consumers_config(tmp_path: Path)
     plain = chaos.parse_args([])
     run.opts = plain
     assert "wait_replicas" not in json.loads(run.consumer_config())
+
+
+@pytest.mark.parametrize(
+    ("script", "argv"),
+    [
+        # lua/ack-5.lua: dedup ttl, fallback, then 7 per item (id, token, ...)
+        (
+            "ack",
+            [
+                b"0",
+                b"fb",
+                b"r1",
+                b"t1",
+                b"g1",
+                b"m",
+                b"l",
+                b"{}",
+                b"x",
+                b"r2",
+                b"t2",
+                b"",
+                b"m",
+                b"l",
+                b"{}",
+                b"x",
+            ],
+        ),
+        # lua/ack-local-9.lua: dedup ttl, final flag, fallback, then 6 per item
+        (
+            "ack-local",
+            [
+                b"0",
+                b"0",
+                b"fb",
+                b"r1",
+                b"t1",
+                b"g1",
+                b"{}",
+                b"x",
+                b"r1\0t1",
+                b"r2",
+                b"t2",
+                b"",
+                b"{}",
+                b"x",
+                b"r2\0t2",
+            ],
+        ),
+        # lua/ack-outbox-6.lua: 7 per item (id, token, request_token, list, record, member, field)
+        (
+            "ack-outbox",
+            [
+                b"r1",
+                b"t1",
+                b"g1",
+                b"l",
+                b"{}",
+                b"x",
+                b"r1\0t1",
+                b"r2",
+                b"t2",
+                b"",
+                b"l",
+                b"{}",
+                b"x",
+                b"r2\0t2",
+            ],
+        ),
+    ],
+)
+def test_the_monitor_reads_every_ack_scripts_items(script: str, argv: list[bytes]) -> None:
+    """A cluster's one-slot ack and outbox move end claims as ack-5 does: the harness must
+    read their (id, token) items, or a killed owner's acked claims count as unresolved."""
+    observe = bench("chaos_observe")
+    numkeys = {"ack": 5, "ack-local": 9, "ack-outbox": 6}[script]
+    args = [b"EVALSHA", b"sha", str(numkeys).encode(), *[b"k"] * numkeys, *argv]
+    claim_call, items = observe.Monitor._items(script, 0.0, "c", args)
+    assert claim_call is None
+    assert items == [("r1", "t1"), ("r2", "t2")]
+    assert observe._ACK_ALIASES.get(script, script) == "ack"
