@@ -51,7 +51,6 @@ from claimkit.protocol.models import (
 )
 from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps, new_token
 from claimkit.store import StoreError
-from claimkit.store import slots as store_slots
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -132,18 +131,6 @@ def ack_item(env: Envelope, token: str, result_list: str, record: TerminalRecord
 def test_the_two_layouts_are_what_they_say() -> None:
     assert key_slot("q") != key_slot("results")
     assert key_slot("{t}:q") == key_slot("{t}:results")
-    names = [
-        "q",
-        "{t}:q",
-        "results",
-        "{results}:result-terminal",
-        "a{b",
-        "{}x",
-        "ünï",
-        "request-cancel:r1",
-    ]
-    # The store layer routes by its own slot function: the two agree.
-    assert [key_slot(n) for n in names] == [store_slots.key_slot(n) for n in names]
 
 
 # -- every script, one slot per call -----------------------------------------------------------

@@ -19,6 +19,8 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from claimkit.store.slots import key_slot as key_slot
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -41,31 +43,6 @@ PENDING_TYPE = "zset"
 RETRY_SET_TYPE = "zset"
 """The Redis ``TYPE`` of the retry set and of its dead set (:func:`retry_dead`)."""
 
-CLUSTER_SLOTS = 16384
-"""How many hash slots a Redis Cluster has."""
-
-
-def _crc16_table() -> tuple[int, ...]:
-    table = []
-    for byte in range(256):
-        crc = byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-        table.append(crc & 0xFFFF)
-    return tuple(table)
-
-
-_CRC16 = _crc16_table()
-
-
-def crc16(data: bytes) -> int:
-    """CRC16/XMODEM (polynomial 0x1021, initial value 0) of ``data``: Redis Cluster's key
-    hash."""
-    crc = 0
-    for byte in data:
-        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[((crc >> 8) ^ byte) & 0xFF]
-    return crc
-
 
 def _as_bytes(key: str | bytes) -> bytes:
     return key if isinstance(key, bytes) else key.encode()
@@ -86,14 +63,6 @@ def hash_tag(key: str | bytes) -> bytes | None:
     if end <= start + 1:
         return None
     return data[start + 1 : end]
-
-
-def key_slot(key: str | bytes) -> int:
-    """The Redis Cluster hash slot of ``key`` (0-16383), as ``CLUSTER KEYSLOT`` answers:
-    CRC16/XMODEM of its hash tag (:func:`hash_tag`), or of the whole key when it has none,
-    modulo 16384."""
-    tag = hash_tag(key)
-    return crc16(_as_bytes(key) if tag is None else tag) % CLUSTER_SLOTS
 
 
 def slot_key(name: str) -> str:
