@@ -252,6 +252,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="after a failover, restart the killed primary: it comes back as a replica",
     )
     p.add_argument(
+        "--lag-ms",
+        type=int,
+        default=0,
+        help="with --fault failover: SIGSTOP the primary's replicas this many ms before the "
+        "kill (SIGCONT right after it), so the promoted replica misses the primary's last "
+        "writes, as asynchronous replication can",
+    )
+    p.add_argument(
         "--wait-replicas",
         type=int,
         default=None,
@@ -501,18 +509,39 @@ class Topo:
         """SIGKILL the primary (cluster: the queue's) and wait for its replica's promotion.
 
         Returns: the killed primary and the new primary's ``host:port``."""
+        lagging = self._lag_replicas()
         began = time.monotonic()
         if self.group is not None:
             victim = self.group.kill_primary()
+            for replica in lagging:
+                replica.resume()
             new = self.group.wait_promoted(_FAILOVER_WAIT)
         else:
             assert self.cluster is not None
             victim = self.crash_target()
             self.cluster.kill_primary(self.cluster.masters.index(victim))
+            for replica in lagging:
+                replica.resume()
             (promoted,) = self.cluster.wait_failover(_FAILOVER_WAIT)
             new = f"127.0.0.1:{promoted.port}"
         self.failover_seconds.append(time.monotonic() - began)
         return victim, new
+
+    def _lag_replicas(self) -> list[RedisServer]:
+        """With ``--lag-ms``: SIGSTOP the primary's replicas for that long before the kill,
+        so the primary acknowledges writes no replica has (asynchronous replication's
+        window, made wide enough to measure). Returns them, still stopped."""
+        if self.opts.lag_ms <= 0:
+            return []
+        if self.group is not None:
+            replicas = self.group.replicas
+        else:
+            assert self.cluster is not None
+            replicas = self.cluster.replicas_of(self.crash_target())
+        for replica in replicas:
+            replica.pause()
+        time.sleep(self.opts.lag_ms / 1000)
+        return replicas
 
     def rejoin(self, server: RedisServer) -> None:
         """Restart a killed primary; it comes back as a replica of its replacement."""
@@ -1334,6 +1363,7 @@ def figures(run: Run, final: Locations, stats: dict[str, Any], elapsed: float) -
         "fault": opts.fault,
         "wait_replicas": opts.wait_replicas,
         "wait_timeout_ms": opts.wait_timeout_ms,
+        "lag_ms": opts.lag_ms,
         "requests": opts.requests,
         "accepted": len(accepted),
         "uncertain_not_accepted": len(run.uncertain - found_uncertain),
@@ -1413,6 +1443,8 @@ def line(f: dict[str, Any]) -> str:
         where += f" replicas={f['replicas']}"
     if f["wait_replicas"] is not None:
         where += f" wait_replicas={f['wait_replicas']}"
+    if f.get("lag_ms"):
+        where += f" lag_ms={f['lag_ms']}"
     failover = ""
     if f["failovers"]:
         failover = (
