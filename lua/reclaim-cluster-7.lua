@@ -74,6 +74,7 @@
 -- @include _checks
 -- @include _server-now
 -- @include _reclaim
+-- @include _outbox
 
 guard_keys('zset', 'hash', 'hash', 'zset', 'hash', 'zset', 'hash')
 
@@ -83,8 +84,6 @@ return reclaim_pass({
   want_owner = true,
   on_dead = function(id, owner, result_key, record, request_token, now)
     local token = owner or fmt_time(now)
-    redis.call('HSET', KEYS[7], id .. '\0' .. token, cjson.encode({
-      list = result_key, request_token = request_token, record = record, id = id,
-    }))
+    outbox_put(KEYS[7], id .. '\0' .. token, result_key, request_token, record, id)
   end,
 })
