@@ -159,7 +159,7 @@ class QueueOps:
         _after_outbox_step: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
-        self.cluster = getattr(store, "mode", "standalone") == "cluster"
+        self.cluster = _keys.cluster_layout(store)
         self.queue = queue
         self.keys = _keys.QueueKeys.for_queue(queue, cluster=self.cluster, retry_set=retry_set)
         self.retry_set = self.keys.retry_set
