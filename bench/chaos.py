@@ -105,7 +105,6 @@ from chaos_observe import (
     MonitorSet,
     count_records,
     gateway_inversions,
-    key_slot,
     location_problem,
     order_violations,
     redelivery_of,
@@ -116,7 +115,7 @@ from claimkit.dev.redis_server import RedisServer, RedisServerError, find_server
 from claimkit.dev.resp_client import call as resp_call
 from claimkit.dev.sentinel import SentinelGroup
 from claimkit.producer import Producer
-from claimkit.protocol.keys import request_active
+from claimkit.protocol.keys import key_slot, request_active
 from claimkit.store import Store, StoreError, StoreUnavailable, open_store
 
 QUEUE = "chaos"

@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from claimkit.protocol.keys import QueueKeys
+from claimkit.protocol.keys import QueueKeys, key_slot
 from claimkit.store.scripts import Script, all_scripts
 
 # -- the atomic snapshot -----------------------------------------------------------------------
@@ -95,110 +95,43 @@ RESULTS_READ = _script("chaos-results", 1, _RESULTS_SOURCE)
 """The result list alone: its length and new records in one atomic step."""
 
 
-def hash_tag(name: str) -> str | None:
-    """The hash tag of ``name`` as Redis Cluster defines it (the first ``{``, then the
-    first ``}`` after it, something between), or ``None``."""
-    start = name.find("{")
-    if start >= 0:
-        end = name.find("}", start + 1)
-        if end > start + 1:
-            return name[start + 1 : end]
-    return None
-
-
-def _crc16(data: bytes) -> int:
-    """CRC-16/XMODEM, the checksum Redis Cluster hashes keys with."""
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
-
-
-def key_slot(name: str) -> int:
-    """The Redis Cluster hash slot of ``name`` (0-16383): of its hash tag when it has one."""
-    tag = hash_tag(name)
-    return _crc16((tag if tag is not None else name).encode()) % 16384
-
-
-def slot_key(name: str) -> str:
-    """``name`` if it has a hash tag, else ``"{" + name + "}"``: the prefix of the cluster
-    layout's per-queue keys (issue 10's cluster key layout, docs/topology.md)."""
-    return name if hash_tag(name) is not None else "{" + name + "}"
-
-
 @dataclass(frozen=True)
 class ChaosKeys:
-    """Every key the harness reads, in the layout the consumers use.
-
-    Standalone and sentinel: the names of docs/protocol.md#keys (:class:`QueueKeys`), the
-    retry set and its dead set global. Cluster: the per-queue keys are ``slot_key(q)`` plus
-    their suffix, the retry set is per queue (``{q}:<retry>``, ``{q}:<retry>:dead``), and
-    cross-slot acks go through the outbox ``{q}:outbox``. The outbox is read in every mode
-    (outside a cluster it never exists).
+    """Every key the harness reads, in the layout the consumers use: the queue's keys are
+    :class:`~claimkit.protocol.keys.QueueKeys` (standalone and sentinel: docs/protocol.md#keys,
+    the retry set and its dead set global; cluster: docs/topology.md#cluster-key-layout, the
+    retry set per queue and cross-slot acks through the outbox ``{q}:outbox``); the result
+    list keeps its name in every layout. The outbox is read in every mode (outside a cluster
+    it never exists): standalone, its cluster-layout name.
     """
 
-    pending: str
-    claimed: str
-    owners: str
-    index: str
-    deliveries: str
-    dead: str
-    retry: str
-    retry_dead: str
-    outbox: str
+    queue: QueueKeys
     results: str
-    cluster: bool
+    outbox: str
 
     @classmethod
     def for_run(cls, queue: str, retry: str, results: str, *, cluster: bool) -> ChaosKeys:
-        if cluster:
-            base = slot_key(queue)
-            return cls(
-                pending=queue,
-                claimed=f"{base}:claimed",
-                owners=f"{base}:claim-owners",
-                index=f"{base}:claims-idx",
-                deliveries=f"{base}:deliveries",
-                dead=f"{base}:dead",
-                retry=f"{base}:{retry}",
-                retry_dead=f"{base}:{retry}:dead",
-                outbox=f"{base}:outbox",
-                results=results,
-                cluster=True,
-            )
-        k = QueueKeys.for_queue(queue)
-        return cls(
-            pending=k.pending,
-            claimed=k.claimed,
-            owners=k.owners,
-            index=k.index,
-            deliveries=k.deliveries,
-            dead=k.dead,
-            retry=retry,
-            retry_dead=retry + ":dead",
-            outbox=slot_key(queue) + ":outbox",
-            results=results,
-            cluster=False,
-        )
+        keys = QueueKeys.for_queue(queue, cluster=cluster, retry_set=retry)
+        outbox = keys.outbox or QueueKeys.for_queue(queue, cluster=True).outbox
+        assert outbox is not None
+        return cls(keys, results, outbox)
 
     @property
     def one_slot(self) -> bool:
         """Whether the result list shares the queue's slot: one atomic snapshot reads all."""
-        return not self.cluster or key_slot(self.results) == key_slot(self.pending)
+        return not self.queue.cluster or key_slot(self.results) == key_slot(self.queue.pending)
 
     def queue_keys(self) -> list[str]:
         """KEYS of :data:`QUEUE_SNAPSHOT`, all in the queue's slot."""
+        k = self.queue
         return [
-            self.pending,
-            self.claimed,
-            self.owners,
-            self.index,
-            self.retry,
-            self.dead,
-            self.retry_dead,
+            k.pending,
+            k.claimed,
+            k.owners,
+            k.index,
+            k.retry_set,
+            k.dead,
+            k.retry_dead,
             self.outbox,
         ]
 
@@ -469,8 +402,8 @@ class Monitor(threading.Thread):
         self._pending: tuple[float, str | None, ClaimCall | None, list[tuple[str, str]]] | None = (
             None
         )
-        self._owners_key = self.keys.owners.encode()
-        self._deliveries_key = self.keys.deliveries.encode()
+        self._owners_key = self.keys.queue.owners.encode()
+        self._deliveries_key = self.keys.queue.deliveries.encode()
         self._prefixes = (
             b'"HSET" "' + self._owners_key + b'"',
             b'"HDEL" "' + self._owners_key + b'"',

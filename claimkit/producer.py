@@ -94,7 +94,7 @@ class Producer:
         self.store = store
         self.queue = queue
         self.result_list = result_list
-        self.cluster = getattr(store, "mode", "standalone") == "cluster"
+        self.cluster = _keys.cluster_layout(store)
         """Whether ``store`` is a Redis Cluster (``store.mode == "cluster"``): then no call
         wraps keys of several slots in one MULTI
         (docs/topology.md#retries-cancellation-and-the-producer)."""

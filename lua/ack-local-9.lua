@@ -37,7 +37,8 @@
     fallback list (also when an earlier call already put it there) instead of being pushed.
 ]]
 -- @include _server-now
--- @include _drop-claim
+-- @include _live-copy
+-- @include _outbox
 -- @include _guard-keys
 -- @include _checks
 -- @include _markers
@@ -66,23 +67,16 @@ local out = {}
 for i = 4, #ARGV, 6 do
   local id, token, request_token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local record, member, field = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
-  local pushed, owned, moved, live = 0, 0, 0, false
+  local pushed, owned, moved = 0, 0, 0
   if redis.call('HEXISTS', KEYS[6], field) == 1 then
     moved = 1
-  elseif redis.call('HGET', KEYS[3], id) == token then
-    drop_claim(KEYS[2], KEYS[3], KEYS[4], id)
-    owned, live = 1, true
-  elseif redis.call('ZREM', KEYS[1], member) == 1 then
-    live = true
-  end
-  if live then
-    redis.call('HDEL', KEYS[5], id)
-    if usable then
+  else
+    local live = take_live_copy(id, token, member)
+    if live == 1 then owned = 1 end
+    if live ~= 0 and usable then
       pushed = push_marked(KEYS[7], KEYS[8], KEYS[9], id, record, request_token, dedup_ttl, now)
-    else
-      redis.call('HSET', KEYS[6], field, cjson.encode({
-        list = fallback, request_token = request_token, record = record, id = id,
-      }))
+    elseif live ~= 0 then
+      outbox_put(KEYS[6], field, fallback, request_token, record, id)
       moved = 1
     end
   end

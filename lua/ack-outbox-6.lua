@@ -32,7 +32,8 @@
     2 moved (the pending copy withdrawn), 3 already in the outbox, 0 suppressed (nothing
     written). The entry is cjson {"list", "request_token", "record", "id"}.
 ]]
--- @include _drop-claim
+-- @include _live-copy
+-- @include _outbox
 -- @include _guard-keys
 
 guard_keys('zset', 'hash', 'hash', 'zset', 'hash', 'hash')
@@ -40,22 +41,11 @@ guard_keys('zset', 'hash', 'hash', 'zset', 'hash', 'hash')
 local out = {}
 
 for i = 1, #ARGV, 7 do
-  local id, token, request_token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local field = ARGV[i + 6]
-  local code = 0
-  if redis.call('HEXISTS', KEYS[6], field) == 1 then
-    code = 3
-  elseif redis.call('HGET', KEYS[3], id) == token then
-    drop_claim(KEYS[2], KEYS[3], KEYS[4], id)
-    code = 1
-  elseif redis.call('ZREM', KEYS[1], ARGV[i + 5]) == 1 then
-    code = 2
-  end
-  if code == 1 or code == 2 then
-    redis.call('HDEL', KEYS[5], id)
-    redis.call('HSET', KEYS[6], field, cjson.encode({
-      list = ARGV[i + 3], request_token = request_token, record = ARGV[i + 4], id = id,
-    }))
+  local id, field = ARGV[i], ARGV[i + 6]
+  local code = 3
+  if redis.call('HEXISTS', KEYS[6], field) == 0 then
+    code = take_live_copy(id, ARGV[i + 1], ARGV[i + 5])
+    if code ~= 0 then outbox_put(KEYS[6], field, ARGV[i + 3], ARGV[i + 2], ARGV[i + 4], id) end
   end
   out[#out + 1] = code
 end

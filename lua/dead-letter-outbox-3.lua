@@ -22,6 +22,7 @@
 ]]
 -- @include _server-now
 -- @include _guard-keys
+-- @include _outbox
 
 guard_keys('zset', 'zset', 'hash')
 
@@ -35,9 +36,7 @@ for i = 1, #ARGV, 6 do
     redis.call('ZADD', KEYS[2], now, member)
     moved = 1
     if id ~= '' then
-      redis.call('HSET', KEYS[3], ARGV[i + 3], cjson.encode({
-        list = ARGV[i + 4], request_token = ARGV[i + 1], record = ARGV[i + 5], id = id,
-      }))
+      outbox_put(KEYS[3], ARGV[i + 3], ARGV[i + 4], ARGV[i + 1], ARGV[i + 5], id)
       queued = 1
     end
   end

@@ -10,31 +10,9 @@
   the push step applies the marker and its TTL. ARGV[4], the fallback list, is not read
   either (it may live in another slot): the push step checks it.
 
-  reclaim-6.lua's description, which holds here too:
-
-  Takes up to `limit` expired claims. Each goes back to pending at its original score with
-  its delivery count incremented; one whose count reaches max_deliveries goes to the dead
-  set instead and gets a MAX_DELIVERIES_EXCEEDED record (once per generation; its JSON from
-  lua/_record.lua, the bytes TerminalRecord.to_json would write). Index
-  entries with no claimed payload (ghosts) are removed.
-
-  Claims without a lease entry (orphans: the index entry was evicted, lost in a partial
-  restore or deleted by hand) are given their lease back, not redelivered: their owner may
-  be alive with the request in flight (docs/protocol.md, "Claims without a lease entry").
-  An orphan with a payload (whether or not it has an owner entry) gets
-  claims-idx[id] = the lease a claim taken now would get (lua/_lease.lua, the claim rule:
-  min(now + ARGV[10], data.deadline + 30), never less than now + min(ARGV[10], 30)); its
-  live owner renews it as usual, a dead owner's claim expires one lease later and goes the
-  expired way above (its delivery counted, max_deliveries honoured). An orphan with no
-  payload (an owner entry or a stray <id>:score field alone) is a ghost and is removed.
-  Orphans are found by a bounded scan: each call
-  reads one HSCAN page (COUNT scan_count) of <q>:claimed or <q>:claim-owners, as the caller
-  asks, and handles at most scan_count orphans; when the page holds more, the cursor is not
-  advanced, so the next call reads the same page again (the handled ones are gone by then).
-  A payload whose <id>:score field is missing or not a number goes back at its
-  data.deadline (0 when that cannot be read either: the peek then dead-letters it as
-  malformed); a payload is never dropped. Every read, and every check that could fail, comes
-  before the first write (docs/protocol.md, "Scripts never fail half-way").
+  Everything else is reclaim-6.lua's description: redelivery at the original score, dead
+  letters at max_deliveries, ghosts, the orphan scan and its leases, every check before the
+  first write (docs/protocol.md#reclaim).
 
   Input:
     KEYS[1] pending ZSET           <q>
@@ -74,6 +52,7 @@
 -- @include _checks
 -- @include _server-now
 -- @include _reclaim
+-- @include _outbox
 
 guard_keys('zset', 'hash', 'hash', 'zset', 'hash', 'zset', 'hash')
 
@@ -83,8 +62,6 @@ return reclaim_pass({
   want_owner = true,
   on_dead = function(id, owner, result_key, record, request_token, now)
     local token = owner or fmt_time(now)
-    redis.call('HSET', KEYS[7], id .. '\0' .. token, cjson.encode({
-      list = result_key, request_token = request_token, record = record, id = id,
-    }))
+    outbox_put(KEYS[7], id .. '\0' .. token, result_key, request_token, record, id)
   end,
 })

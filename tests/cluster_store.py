@@ -5,7 +5,9 @@ The store sends a command without keys to one node; a test's ``KEYS *``, ``FLUSH
 ``FLUSHDB`` and ``DBSIZE`` must see every primary. :class:`WholeCluster` delegates
 everything to the real store and sends those four to each primary itself (by its own
 connection, :meth:`tests.cluster.RedisCluster.call`), so ``support.snapshot`` shows the
-whole cluster. :func:`cluster_store` opens one on a :class:`tests.cluster.RedisCluster`.
+whole cluster. :func:`cluster_store` opens one on a :class:`tests.cluster.RedisCluster`;
+:func:`flushed_store` is the ``store`` fixture of the tests that run on a cluster (import it
+beside ``redis_cluster``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import trio
 from support import StoreWrapper
 
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
 
     from claimkit.store import Arg, Store
 
-__all__ = ["WholeCluster", "cluster_store"]
+__all__ = ["WholeCluster", "cluster_store", "flushed_store"]
 
 _EVERY_PRIMARY = {"KEYS", "FLUSHALL", "FLUSHDB", "DBSIZE"}
 
@@ -79,3 +82,11 @@ async def cluster_store(cluster: RedisCluster) -> AsyncIterator[WholeCluster]:
     """A :class:`WholeCluster` on ``cluster`` for the ``async with`` block."""
     async with open_store(cluster.url, topology=topology(cluster)) as store:
         yield WholeCluster(store, cluster)
+
+
+@pytest.fixture(name="store")
+async def flushed_store(redis_cluster: RedisCluster) -> AsyncIterator[WholeCluster]:
+    """``store``: a :class:`WholeCluster` on an empty cluster keyspace."""
+    async with cluster_store(redis_cluster) as opened:
+        await opened.command("FLUSHALL")
+        yield opened

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from claimkit.protocol.keys import hash_tag, key_slot, slot_key
+
 if TYPE_CHECKING:
     from types import ModuleType
 
@@ -42,7 +44,7 @@ def test_the_cluster_layout_wraps_an_untagged_queue_and_keeps_a_tagged_one() -> 
         "{chaos}:retry-sortedset:dead",
         "{chaos}:outbox",
     ]
-    assert keys.deliveries == "{chaos}:deliveries"
+    assert keys.queue.deliveries == "{chaos}:deliveries"
     assert not keys.one_slot  # slots 4772 and 6122
     tagged = observe.ChaosKeys.for_run("{t}:q", "retry-sortedset", "{t}:results", cluster=True)
     assert tagged.snapshot_keys() == [
@@ -71,14 +73,13 @@ def test_the_cluster_layout_wraps_an_untagged_queue_and_keeps_a_tagged_one() -> 
 
 
 def test_key_slots_and_hash_tags_as_redis_defines_them() -> None:
-    observe = bench("chaos_observe")
     # CLUSTER KEYSLOT answers on Redis 7.0: foo 12182, chaos 4772, result-list 6122.
-    assert [observe.key_slot(k) for k in ("foo", "chaos", "result-list")] == [12182, 4772, 6122]
-    assert observe.key_slot("{chaos}:claimed") == observe.key_slot("chaos")
-    assert observe.key_slot("{t}:q") == observe.key_slot("{t}:results") == observe.key_slot("t")
-    assert observe.slot_key("{}x") == "{{}x}"  # an empty tag is no tag
-    assert observe.slot_key("a{b}c") == "a{b}c"
-    assert observe.hash_tag("x{}{y}") is None
+    assert [key_slot(k) for k in ("foo", "chaos", "result-list")] == [12182, 4772, 6122]
+    assert key_slot("{chaos}:claimed") == key_slot("chaos")
+    assert key_slot("{t}:q") == key_slot("{t}:results") == key_slot("t")
+    assert slot_key("{}x") == "{{}x}"  # an empty tag is no tag
+    assert slot_key("a{b}c") == "a{b}c"
+    assert hash_tag("x{}{y}") is None
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 from cluster import redis_cluster
-from cluster_store import cluster_store, topology
+from cluster_store import flushed_store, topology
 from support import (
     StoreWrapper,
     make_config,
@@ -53,14 +53,14 @@ from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps, new_token
 from claimkit.store import StoreError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import Sequence
 
     from cluster import RedisCluster
 
     from claimkit.store import Arg, ScriptCall, Store
     from claimkit.store.scripts import Script
 
-__all__ = ["redis_cluster"]
+__all__ = ["flushed_store", "redis_cluster"]
 
 DEDUP = 100
 TOKEN = "ab" * 16
@@ -68,13 +68,6 @@ LAYOUTS = [
     pytest.param(("q", "results"), id="untagged"),
     pytest.param(("{t}:q", "{t}:results"), id="tagged"),
 ]
-
-
-@pytest.fixture
-async def store(redis_cluster: RedisCluster) -> AsyncIterator[Store]:
-    async with cluster_store(redis_cluster) as opened:
-        await opened.command("FLUSHALL")
-        yield opened
 
 
 class Recording(StoreWrapper):

@@ -10,29 +10,11 @@ Skipped when no cluster can be started here (tests/cluster.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import pytest
 import test_protocol
 from cluster import redis_cluster
-from cluster_store import cluster_store
+from cluster_store import flushed_store
 from support import store_tests
 
-if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
-    from cluster import RedisCluster
-
-    from claimkit.store import Store
-
-__all__ = ["redis_cluster"]
+__all__ = ["flushed_store", "redis_cluster"]
 
 globals().update(store_tests(test_protocol))
-
-
-@pytest.fixture
-async def store(redis_cluster: RedisCluster) -> AsyncIterator[Store]:
-    """A cluster store on an empty cluster keyspace."""
-    async with cluster_store(redis_cluster) as opened:
-        await opened.command("FLUSHALL")
-        yield opened

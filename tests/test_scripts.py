@@ -281,6 +281,7 @@ def test_includes_are_resolved() -> None:
         "_drop-claim",
         "_guard-keys",
         "_lease",
+        "_live-copy",
         "_member",
         "_push-terminal",
         "_record",
@@ -288,6 +289,7 @@ def test_includes_are_resolved() -> None:
         "_dedup",
         "_markers",
         "_move-retries",
+        "_outbox",
         "_reclaim",
     }
     for s in all_scripts().values():

@@ -24,6 +24,8 @@ from claimkit.store.slots import key_slot as key_slot
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from claimkit.store import Store
+
 RESULT_TERMINAL_PREFIX = "result-terminal:"
 REQUEST_ACTIVE_PREFIX = "request-active:"
 REQUEST_CANCEL_PREFIX = "request-cancel:"
@@ -63,6 +65,14 @@ def hash_tag(key: str | bytes) -> bytes | None:
     if end <= start + 1:
         return None
     return data[start + 1 : end]
+
+
+def cluster_layout(store: Store) -> bool:
+    """Whether ``store`` talks to a Redis Cluster (``store.mode == "cluster"``), so the
+    cluster key layout applies (docs/topology.md#cluster-key-layout); standalone and
+    sentinel, and a store without the attribute, use the standalone names
+    (docs/protocol.md#keys)."""
+    return getattr(store, "mode", "standalone") == "cluster"
 
 
 def slot_key(name: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from claimkit.protocol import keys as _keys
+from claimkit.protocol.keys import cluster_layout as cluster_layout
 from claimkit.protocol.models import Envelope, parse_member
 from claimkit.protocol.replies import InspectReply, RequeueCode
 from claimkit.protocol.routing import ResultRouting
@@ -24,13 +25,6 @@ if TYPE_CHECKING:
     from claimkit.store import Arg, Store
 
 __all__ = ["OperatorScripts", "cluster_layout", "script_source"]
-
-
-def cluster_layout(store: Store) -> bool:
-    """Whether ``store`` talks to a Redis Cluster (``store.mode == "cluster"``), so the
-    cluster key layout applies (docs/topology.md#cluster-key-layout); standalone and
-    sentinel use the standalone names (docs/protocol.md#keys)."""
-    return store.mode == "cluster"
 
 
 class OperatorScripts:

@@ -159,7 +159,7 @@ class QueueOps:
         _after_outbox_step: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
-        self.cluster = getattr(store, "mode", "standalone") == "cluster"
+        self.cluster = _keys.cluster_layout(store)
         self.queue = queue
         self.keys = _keys.QueueKeys.for_queue(queue, cluster=self.cluster, retry_set=retry_set)
         self.retry_set = self.keys.retry_set
@@ -254,14 +254,14 @@ class QueueOps:
                 for e, q in zip(entries, reply[1::2], strict=True)
                 if e is not None and _int(q) == 1
             ]
-            pushed += await self._finish(queued)
+            pushed += sum((await self._finish(queued)).values())
         return moved, pushed
 
-    async def _finish(self, entries: Sequence[_outbox.OutboxEntry]) -> int:
-        """Steps 2 and 3 for ``entries`` already in the outbox; how many records were
-        pushed (the others were duplicates)."""
+    async def _finish(self, entries: Sequence[_outbox.OutboxEntry]) -> dict[bytes, bool]:
+        """Steps 2 and 3 for ``entries`` already in the outbox: ``field -> pushed`` as
+        :func:`~claimkit.protocol.outbox.push_entries` answers (``False``: a duplicate)."""
         if not entries:
-            return 0
+            return {}
         assert self.keys.outbox is not None
         done = await _outbox.push_entries(
             self.store,
@@ -273,7 +273,7 @@ class QueueOps:
         if self._after_outbox_step is not None:
             await self._after_outbox_step(2)
         await _outbox.drop_entries(self.store, self.keys.outbox, list(done))
-        return sum(done.values())
+        return done
 
     async def replay_outbox(self, *, page: int = CHUNK) -> tuple[int, int]:
         """Finish the records left in this queue's outbox (cluster only; standalone has no
@@ -447,17 +447,7 @@ class QueueOps:
         if finish:
             if self._after_outbox_step is not None:
                 await self._after_outbox_step(1)
-            assert self.keys.outbox is not None
-            done = await _outbox.push_entries(
-                self.store,
-                self.keys.outbox,
-                [e for _, e in finish],
-                fallback=self.fallback_result_list,
-                dedup_ttl=self.dedup_ttl,
-            )
-            if self._after_outbox_step is not None:
-                await self._after_outbox_step(2)
-            await _outbox.drop_entries(self.store, self.keys.outbox, list(done))
+            done = await self._finish([e for _, e in finish])
             for i, e in finish:
                 # Not in `done`: another replayer re-aimed and finished it meanwhile.
                 was = out[i]

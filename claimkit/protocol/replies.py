@@ -67,6 +67,7 @@ class PushCode(enum.IntEnum):
     SUPPRESSED = 0
     """Its marker says the record is already there."""
     PUSHED = 1
+    """The record was pushed onto the list and its marker set."""
 
 
 class RenewCode(enum.IntEnum):

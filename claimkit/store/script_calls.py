@@ -39,6 +39,7 @@ class ReplicaWait:
         return self.replicas > 0 and script.writes
 
     def command(self) -> tuple[Arg, ...]:
+        """``("WAIT", replicas, timeout_ms)``: the command sent after a writing call."""
         return ("WAIT", self.replicas, self.timeout_ms)
 
     def check(self, script: Script, reply: Any) -> None:
