@@ -254,9 +254,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lag-ms",
         type=int,
         default=0,
-        help="with --fault failover: SIGSTOP the primary's replicas this many ms before the "
-        "kill (SIGCONT right after it), so the promoted replica misses the primary's last "
-        "writes, as asynchronous replication can",
+        help="with --fault failover: cut the primary's replicas off this many ms before the "
+        "kill (its ACL refuses SYNC/PSYNC, its replica links are killed), so the promoted "
+        "replica misses the primary's last writes, as asynchronous replication can",
     )
     p.add_argument(
         "--wait-replicas",
@@ -508,39 +508,40 @@ class Topo:
         """SIGKILL the primary (cluster: the queue's) and wait for its replica's promotion.
 
         Returns: the killed primary and the new primary's ``host:port``."""
-        lagging = self._lag_replicas()
+        self._cut_replication()
         began = time.monotonic()
         if self.group is not None:
             victim = self.group.kill_primary()
-            for replica in lagging:
-                replica.resume()
             new = self.group.wait_promoted(_FAILOVER_WAIT)
         else:
             assert self.cluster is not None
             victim = self.crash_target()
             self.cluster.kill_primary(self.cluster.masters.index(victim))
-            for replica in lagging:
-                replica.resume()
             (promoted,) = self.cluster.wait_failover(_FAILOVER_WAIT)
             new = f"127.0.0.1:{promoted.port}"
         self.failover_seconds.append(time.monotonic() - began)
         return victim, new
 
-    def _lag_replicas(self) -> list[RedisServer]:
-        """With ``--lag-ms``: SIGSTOP the primary's replicas for that long before the kill,
-        so the primary acknowledges writes no replica has (asynchronous replication's
-        window, made wide enough to measure). Returns them, still stopped."""
+    def _cut_replication(self) -> None:
+        """With ``--lag-ms``: cut the primary's replicas off for that long before the kill,
+        so the primary acknowledges writes no replica ever gets (asynchronous
+        replication's window, made wide enough to measure). The primary's ACL refuses
+        ``SYNC``/``PSYNC`` and its replica links are killed: a replica cannot reconnect,
+        and the promoted one misses the last ``lag_ms`` of writes."""
         if self.opts.lag_ms <= 0:
-            return []
-        if self.group is not None:
-            replicas = self.group.replicas
-        else:
-            assert self.cluster is not None
-            replicas = self.cluster.replicas_of(self.crash_target())
-        for replica in replicas:
-            replica.pause()
+            return
+        port = self.group.primary.port if self.group is not None else self.crash_target().port
+        for reply in resp_call(
+            port,
+            [
+                ["ACL", "SETUSER", "default", "-sync", "-psync"],
+                ["CLIENT", "KILL", "TYPE", "replica"],
+            ],
+            5.0,
+        ):
+            if isinstance(reply, Exception):
+                raise RuntimeError(f"cannot cut replication on port {port}: {reply}")
         time.sleep(self.opts.lag_ms / 1000)
-        return replicas
 
     def rejoin(self, server: RedisServer) -> None:
         """Restart a killed primary; it comes back as a replica of its replacement."""

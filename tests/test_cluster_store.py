@@ -291,3 +291,32 @@ def test_a_crossslot_reply_is_a_store_error_with_its_text() -> None:
     down = _translate(cx.ClusterDownError("The cluster is down"), cluster=True)
     assert type(down) is StoreUnavailable
     assert str(down) == "CLUSTERDOWN The cluster is down"
+
+
+async def test_the_store_follows_a_cluster_failover() -> None:
+    """A primary dies and its replica takes its slots over: the store re-reads the cluster's
+    map after the first failed calls, and the key written before (confirmed by a replica)
+    is read from the promoted replica; a consumer does not stay stuck on the dead node."""
+    from claimkit.dev.cluster import RedisClusterProcesses
+
+    with RedisClusterProcesses(masters=3, replicas=1) as cluster:
+        async with open_store(cluster.urls[0], topology=Topology(mode="cluster")) as store:
+            assert await store.command("SET", "failover-key", "before") == b"OK"
+            victim = cluster.primary_for_key("failover-key")
+            (replica,) = cluster.replicas_of(victim)
+            assert await store.pipeline(
+                [["SET", "failover-key", "before"], ["WAIT", 1, 5000]], transaction=False
+            ) == [b"OK", 1]
+            cluster.kill_primary(cluster.masters.index(victim))
+            await trio.to_thread.run_sync(cluster.wait_failover, 30.0)
+            answers: list[object] = []
+            with trio.move_on_after(30):
+                while True:
+                    try:
+                        answers.append(await store.command("GET", "failover-key"))
+                        break
+                    except StoreUnavailable as exc:
+                        answers.append(type(exc).__name__)
+                        await trio.sleep(0.1)
+            assert answers[-1] == b"before", answers
+            assert cluster.primary_for_key("failover-key").port == replica.port

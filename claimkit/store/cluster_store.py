@@ -11,7 +11,7 @@ one slot; a script's keys must share one slot too (else ``CROSSSLOT``, nothing s
 from __future__ import annotations
 
 import logging
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import coredis
@@ -23,7 +23,7 @@ from coredis.pool import ClusterConnectionPool
 from coredis.retry import NoRetryPolicy
 from coredis.typing import Key
 
-from claimkit.store.coredis_store import _NOOP, CoredisStore, _translate
+from claimkit.store.coredis_store import _NOOP, CoredisStore, _translate, _translated
 from claimkit.store.interface import Arg, ScriptCall, StoreError, StoreUnavailable, reply_text
 from claimkit.store.script_calls import NO_WAIT, ReplicaWait, run_pipelined
 from claimkit.store.server_checks import NotACluster
@@ -31,7 +31,7 @@ from claimkit.store.slots import key_positions, key_slot
 from claimkit.store.tls import tls_file_error
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Collection, Sequence
+    from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 
     from claimkit.store.scripts import Script
 
@@ -41,6 +41,7 @@ log = logging.getLogger("claimkit")
 
 _RETRY_FIRST = 0.25  # seconds before the layout is read again after a failure; doubles
 _RETRY_MAX = 5.0
+_REFRESH_PAUSE = 0.25  # seconds at least between two reads of the map after failures
 _CLUSTER_DISABLED = "cluster support disabled"
 
 
@@ -74,6 +75,7 @@ class ClusterStore(CoredisStore):
         self._ready = False
         self._down: BaseException = StoreUnavailable(f"Redis Cluster at {self.url}: not read yet")
         self._refusal: NotACluster | None = None
+        self._refresh_wanted = trio.Event()
 
     # -- the cluster's map, read in the background ------------------------------------------
 
@@ -90,7 +92,7 @@ class ClusterStore(CoredisStore):
                     if not started:
                         started = True
                         task_status.started()
-                    await trio.sleep_forever()
+                    await self._refresh_after_failures()
             except (cx.RedisError, TimeoutError, OSError) as exc:
                 self._ready = False
                 self._down = self._init_error(exc)
@@ -103,6 +105,34 @@ class ClusterStore(CoredisStore):
                     await trio.sleep_forever()
             await trio.sleep(delay)
             delay = min(_RETRY_MAX, delay * 2)
+
+    async def _refresh_after_failures(self) -> None:
+        """Read the cluster's map again whenever a call found a node unreachable or the
+        cluster in motion (a primary died and a replica took its slots over, a resharding):
+        coredis alone re-reads it only after many errors, and until then every call to the
+        dead primary's slots fails (docs/topology.md#failover). At most one read per
+        ``_REFRESH_PAUSE`` seconds; a read that fails is tried again after the pause."""
+        layout = self._client.connection_pool.cluster_layout
+        while True:
+            await self._refresh_wanted.wait()
+            self._refresh_wanted = trio.Event()
+            try:
+                await layout.initialize()
+            except (cx.RedisError, TimeoutError, OSError):
+                self._refresh_wanted.set()
+            await trio.sleep(_REFRESH_PAUSE)
+
+    def _translated(self) -> AbstractContextManager[None]:
+        return self._refreshing_on_failure()
+
+    @contextmanager
+    def _refreshing_on_failure(self) -> Iterator[None]:
+        try:
+            with _translated(self.url, cluster=True):
+                yield
+        except StoreUnavailable:
+            self._refresh_wanted.set()
+            raise
 
     def _init_error(self, exc: BaseException) -> BaseException:
         for cause in (exc, exc.__cause__, exc.__context__):
