@@ -3,16 +3,19 @@ Redis Cluster computes them (``CLUSTER KEYSLOT``), and the names of DESIGN's lay
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import pytest
 from cluster import redis_cluster
 from support import make_config
 
+from claimkit.config import ConfigError, load_config
 from claimkit.consumer.preflight import key_roles
 from claimkit.protocol.keys import (
     QueueKeys,
     ResultKeys,
+    cluster_name_problem,
     hash_tag,
     key_slot,
     outbox_field,
@@ -227,3 +230,69 @@ def test_serve_checks_the_cluster_layouts_keys() -> None:
     }
     standalone = key_roles(make_config("redis://127.0.0.1:7000/0", queue="q"))
     assert not any(name.startswith("{") for name in standalone)
+
+
+UNTAGGABLE = ["a}b", "{}:q", "x{}y", "}", "q}"]
+
+
+@pytest.mark.parametrize("name", [*UNTAGGABLE, "q", "{t}:q", "{a", "{t}:q}", "ünï"])
+def test_a_name_is_refused_exactly_when_its_derived_keys_leave_its_slot(
+    redis_cluster: RedisCluster, name: str
+) -> None:
+    slot = int(redis_cluster.call(0, "CLUSTER", "KEYSLOT", name))
+    derived = int(redis_cluster.call(0, "CLUSTER", "KEYSLOT", slot_key(name) + ":claimed"))
+    problem = cluster_name_problem(name)
+    assert (problem is not None) == (name in UNTAGGABLE) == (slot != derived)
+
+
+@pytest.mark.parametrize(
+    ("field", "doc"),
+    [
+        ("queue_name", {"queues": [{"queue_name": "a}b", "igw_base_url": "http://gw"}]}),
+        (
+            "result_queue_name",
+            {
+                "queues": [
+                    {"queue_name": "q", "igw_base_url": "http://gw", "result_queue_name": "{}:r"}
+                ]
+            },
+        ),
+        (
+            "result_queue_name",
+            {
+                "result_queue_name": "r}",
+                "queues": [{"queue_name": "q", "igw_base_url": "http://gw"}],
+            },
+        ),
+    ],
+)
+def test_cluster_mode_refuses_a_name_no_key_can_share_a_slot_with(
+    field: str, doc: dict[str, object]
+) -> None:
+    bad = {"a}b", "{}:r", "r}"}
+    conf = {"url": "redis://127.0.0.1:7000/0", "mode": "cluster", **doc}
+    with pytest.raises(ConfigError) as err:
+        load_config(inline=json.dumps(conf))
+    (name,) = [n for n in bad if repr(n) in str(err.value)]
+    assert str(err.value) == (
+        f"{field} {name!r} cannot be used in cluster mode: it holds a '}}' but no hash tag, so "
+        "no other key can share its slot; give it a hash tag ({tenant}:...) or drop the '}' "
+        "(docs/topology.md#cluster-key-layout)"
+    )
+    # The same names are fine on a standalone Redis: nothing there checks slots.
+    load_config(inline=json.dumps({**conf, "mode": "standalone"}))
+
+
+def test_the_consumer_dead_letters_a_request_whose_list_cannot_be_used_on_a_cluster() -> None:
+    """The poller's rule (claimkit.consumer.poll ``_misrouted``) and ``claimkit dead``'s:
+    on a cluster a member's own list must be usable there; on standalone it may be."""
+    from claimkit.protocol.routing import reserved_destination
+
+    assert reserved_destination("x}y", frozenset(), cluster=True) == (
+        "Failed: internal.result_queue_name 'x}y' cannot be used in cluster mode: it holds a "
+        "'}' but no hash tag, so no other key can share its slot; give it a hash tag "
+        "({tenant}:...) or drop the '}' (docs/topology.md#cluster-key-layout)"
+    )
+    assert reserved_destination("x}y", frozenset()) is None
+    assert reserved_destination("{t}:x}y", frozenset(), cluster=True) is None
+    assert reserved_destination(None, frozenset(), cluster=True) is None

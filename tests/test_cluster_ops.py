@@ -452,6 +452,7 @@ def test_dead_list_judges_reserved_lists_by_the_cluster_names(redis_cluster: Red
         redis_cluster,
         ["ZADD", k.dead, 1, member("r1", t0 + 600, result_queue_name=outbox(k))],
         ["ZADD", k.dead, 2, member("r2", t0 + 600, result_queue_name="q:outbox")],
+        ["ZADD", k.dead, 3, member("r3", t0 + 600, result_queue_name="x}y")],
     )
     conf = transport(redis_cluster, "q", "results")
     doc = json.loads(ok(invoke(["dead", "list", "-q", "q", "--json", "--transport-config", conf])))
@@ -462,6 +463,13 @@ def test_dead_list_judges_reserved_lists_by_the_cluster_names(redis_cluster: Red
             "Failed: internal.result_queue_name names a key claimkit uses: '{q}:outbox'",
         ),
         ("r2", "max_deliveries", max_deliveries_message(10, 10)),
+        (
+            "r3",
+            "invalid",
+            "Failed: internal.result_queue_name 'x}y' cannot be used in cluster mode: it holds "
+            "a '}' but no hash tag, so no other key can share its slot; give it a hash tag "
+            "({tenant}:...) or drop the '}' (docs/topology.md#cluster-key-layout)",
+        ),
     ]
 
 

@@ -276,6 +276,8 @@ def load_config(
     values = _values(merged)
     values.update(_topology(merged, url))
     queues = _queues(merged, url, require_queues=require_queues)
+    if values.get("mode") == "cluster":
+        _check_cluster_names(queues, values)
     return Config(url=url, queues=queues, unknown_fields=tuple(unknown), **values)
 
 
@@ -363,6 +365,18 @@ def _topology(merged: dict[str, Any], url: str) -> dict[str, Any]:
     topology = Topology(mode, tuple(addrs), master_name)
     topology.validate(url)
     return {"mode": mode, "addrs": tuple(addrs), "master_name": master_name}
+
+
+def _check_cluster_names(queues: tuple[QueueConfig, ...], values: dict[str, Any]) -> None:
+    """In cluster mode, every queue and configured result list must be a name whose derived
+    keys can share its slot (:func:`~claimkit.protocol.keys.cluster_name_problem`)."""
+    names = [("queue_name", q.queue_name) for q in queues]
+    names += [("result_queue_name", q.result_queue_name) for q in queues if q.result_queue_name]
+    names.append(("result_queue_name", values.get("result_queue_name", _keys.DEFAULT_RESULT_LIST)))
+    for field, name in names:
+        problem = _keys.cluster_name_problem(name)
+        if problem is not None:
+            raise ConfigError(f"{field} {problem}")
 
 
 def _queues(merged: dict[str, Any], url: str, *, require_queues: bool) -> tuple[QueueConfig, ...]:

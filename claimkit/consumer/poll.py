@@ -79,6 +79,7 @@ class Poller:
         self._health = health
         self._clock = clock
         self._slots = trio.CapacityLimiter(config.concurrency)
+        self._cluster = config.mode == "cluster"
         self._reserved = _keys.reserved_keys(
             [q.queue_name for q in config.queues],
             config.retry_queue_name,
@@ -239,7 +240,7 @@ class Poller:
         request is dead-lettered; its record, and that of an invalid member naming such a
         key, goes to the queue's or the global list."""
         name = q.ops.routing.member_list(parsed.result_queue_name)
-        reason = reserved_destination(name, self._reserved)
+        reason = reserved_destination(name, self._reserved, cluster=self._cluster)
         if reason is None:
             return parsed
         if isinstance(parsed, Invalid):

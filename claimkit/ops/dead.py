@@ -129,6 +129,7 @@ class DeadLetter:
         max_deliveries: int | None,
         reserved: frozenset[str] = frozenset(),
         result_list_configured: bool = False,
+        cluster: bool = False,
     ) -> DeathCause:
         """Why this member died, found again from its bytes by the consumer's own checks.
 
@@ -147,7 +148,7 @@ class DeadLetter:
         if isinstance(parsed, Invalid):
             return DeathCause(CAUSE_INVALID, parsed.reason)
         decides = None if result_list_configured else parsed.result_queue_name or None
-        misrouted = reserved_destination(decides, reserved)
+        misrouted = reserved_destination(decides, reserved, cluster=cluster)
         if misrouted is not None:
             return DeathCause(CAUSE_INVALID, misrouted)
         if max_deliveries is None:  # no config given: no number that may not have happened

@@ -90,6 +90,7 @@ class OperatorQueue:
                 max_deliveries=config.max_deliveries if configured else None,
                 reserved=reserved,
                 result_list_configured=own_list,
+                cluster=cluster,
             )
             for d in letters
         ]

@@ -82,6 +82,23 @@ def slot_key(name: str) -> str:
     return name if hash_tag(name) is not None else "{" + name + "}"
 
 
+def cluster_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a queue or a result list in cluster mode, else ``None``.
+
+    Its derived keys (``slot_key(name) + suffix``) must share its slot. That fails for a
+    name without a hash tag that holds a ``}`` (``"a}b"``, ``"{}:q"``): wrapped as
+    ``{a}b}`` its tag would be ``a``, and no other prefix hashes like the whole name
+    (docs/topology.md#cluster-key-layout).
+    """
+    if key_slot(slot_key(name) + ":x") == key_slot(name):
+        return None
+    return (
+        f"{name!r} cannot be used in cluster mode: it holds a '}}' but no hash tag, so no "
+        "other key can share its slot; give it a hash tag ({tenant}:...) or drop the '}' "
+        "(docs/topology.md#cluster-key-layout)"
+    )
+
+
 def outbox_field(request_id: str, token: str) -> str:
     """The ``{q}:outbox`` field of one record on its way to its list: ``<id>\\0<token>``
     (the ownership token of the claim it finishes; docs/topology.md#cluster-key-layout)."""

@@ -64,7 +64,9 @@ class ResultRouting:
         return self.queue_list or "", self.default_list
 
 
-def reserved_destination(member_list: str | None, reserved: frozenset[str]) -> str | None:
+def reserved_destination(
+    member_list: str | None, reserved: frozenset[str], *, cluster: bool = False
+) -> str | None:
     """Why a request may not be served when the list its record would go to is one of
     claimkit's own keys (:func:`~claimkit.protocol.keys.reserved_keys`), else ``None``.
 
@@ -73,7 +75,12 @@ def reserved_destination(member_list: str | None, reserved: frozenset[str]) -> s
     such a key would re-create an emptied queue key as a list and break it for every
     request (docs/protocol.md#terminal-record), so the consumer dead-letters the request
     with this ``INVALID_REQUEST`` message, and ``claimkit dead`` gives it as the cause.
+    With ``cluster``, so is a list name whose dedup marker keys could not share its slot
+    (:func:`~claimkit.protocol.keys.cluster_name_problem`).
     """
-    if member_list is None or not _keys.is_reserved(member_list, reserved):
+    if member_list is None:
         return None
-    return f"Failed: internal.result_queue_name names a key claimkit uses: {member_list!r}"
+    if _keys.is_reserved(member_list, reserved):
+        return f"Failed: internal.result_queue_name names a key claimkit uses: {member_list!r}"
+    problem = _keys.cluster_name_problem(member_list) if cluster else None
+    return None if problem is None else f"Failed: internal.result_queue_name {problem}"
