@@ -296,8 +296,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.fault and short and not args.rejoin:
         log(
             f"note: after the failover {args.replicas - 1} replica(s) remain, fewer than "
-            f"--wait-replicas {args.wait_replicas}: every waited call will count as not done "
-            "(add --rejoin or --replicas)"
+            f"--wait-replicas {args.wait_replicas}: every waited call will wait "
+            "wait_timeout_ms and warn (add --rejoin or --replicas)"
         )
     for name in ("wait_replicas", "wait_timeout_ms"):
         value = getattr(args, name)

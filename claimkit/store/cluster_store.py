@@ -214,16 +214,16 @@ class ClusterStore(CoredisStore):
     async def _run_pipelined(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
         if not self._wait.applies(script):
             return await run_pipelined(script, calls, self._pipelined, cx.NoScriptError)
-        # A call coredis resends elsewhere after MOVED/ASK is followed by WAIT there too.
-        with self._client.ensure_replication(self._wait.replicas, self._wait.timeout_ms):
-            return await run_pipelined(
-                script,
-                calls,
-                self._pipelined,
-                cx.NoScriptError,
-                wait=self._wait,
-                wait_after=self._last_call_per_node,
-            )
+        # A call coredis resends elsewhere after MOVED/ASK is not followed by a WAIT there:
+        # such a call (a slot that moved since the map was read) is not confirmed.
+        return await run_pipelined(
+            script,
+            calls,
+            self._pipelined,
+            cx.NoScriptError,
+            wait=self._wait,
+            wait_after=self._last_call_per_node,
+        )
 
     def _last_call_per_node(self, calls: Sequence[ScriptCall]) -> Collection[int]:
         """The index of the last call for each node: a ``WAIT`` there covers that node's

@@ -4,10 +4,11 @@ EVAL the calls of a pipeline that Redis refused with NOSCRIPT, and follow writin
 
 from __future__ import annotations
 
+import logging
+import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from claimkit.store.interface import StoreUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -15,7 +16,9 @@ if TYPE_CHECKING:
     from claimkit.store.interface import Arg, ScriptCall
     from claimkit.store.scripts import Script
 
-__all__ = ["NO_WAIT", "ReplicaWait", "run_pipelined"]
+__all__ = ["NO_WAIT", "SHORT_WARNING_SECONDS", "ReplicaWait", "run_pipelined"]
+
+log = logging.getLogger("claimkit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +46,48 @@ class ReplicaWait:
         return ("WAIT", self.replicas, self.timeout_ms)
 
     def check(self, script: Script, reply: Any) -> None:
-        """Raise :class:`StoreUnavailable` (one line) when ``WAIT`` answered fewer replicas
-        than asked; an error reply is raised as it is (for the backend to translate)."""
+        """Warn (one line, at most every :data:`SHORT_WARNING_SECONDS` per store) when
+        ``WAIT`` answered fewer replicas than asked; an error reply is raised as it is (for
+        the backend to translate).
+
+        A short answer does not undo the call: the script ran on the primary, so the call
+        counts as done, as it would without the knob; only a failover before the replicas
+        catch up can lose it. Failing the call instead would make the caller redo or drop
+        work that Redis holds (a claim it never dispatches lapses and counts a delivery),
+        and a primary without replicas would turn its queue into dead letters
+        (docs/topology.md#failover)."""
         if isinstance(reply, BaseException):
             raise reply
         reached = int(reply)
         if reached < self.replicas:
-            raise StoreUnavailable(
-                f"Redis at {self.url}: a {script.name} call reached {reached} of "
-                f"{self.replicas} replicas within {self.timeout_ms} ms (wait_replicas); "
-                "it may be lost in a failover, so it counts as not done "
-                "(docs/topology.md#failover)"
-            )
+            _warn_short(self.url, script.name, reached, self.replicas, self.timeout_ms)
+
+
+SHORT_WARNING_SECONDS = 10.0
+"""At most one "fewer replicas than wait_replicas" warning per store URL this often."""
+
+_short_since: dict[str, tuple[float, int]] = {}
+
+
+def _warn_short(url: str, name: str, reached: int, wanted: int, timeout_ms: int) -> None:
+    now = time.monotonic()
+    last, unsaid = _short_since.get(url, (-math.inf, 0))
+    if now - last < SHORT_WARNING_SECONDS:
+        _short_since[url] = (last, unsaid + 1)
+        return
+    _short_since[url] = (now, 0)
+    more = f" ({unsaid} more calls since the last warning)" if unsaid else ""
+    log.warning(
+        "claimkit: warning: Redis at %s: a %s call reached %d of %d replicas within %d ms "
+        "(wait_replicas)%s; it is done on the primary, but a failover before the replicas "
+        "catch up may lose it (docs/topology.md#failover)",
+        url,
+        name,
+        reached,
+        wanted,
+        timeout_ms,
+        more,
+    )
 
 
 NO_WAIT = ReplicaWait()
@@ -81,8 +114,8 @@ async def run_pipelined(
     When ``wait`` applies to ``script``, a ``WAIT`` goes after each call whose index
     ``wait_after(calls)`` gives (by default the last one: one connection carries the whole
     pipeline, and ``WAIT`` covers every write before it on its connection); a cluster store
-    gives the last call of each node. Fewer replicas than asked raise
-    :class:`StoreUnavailable`, once the replies of every call are in (the calls ran).
+    gives the last call of each node. Fewer replicas than asked give a warning
+    (:meth:`ReplicaWait.check`), once the replies of every call are in (the calls ran).
     """
     waiting = wait.applies(script)
 
