@@ -851,7 +851,13 @@ def request_id(run: Run, n: int, rng: random.Random) -> str:
 
 async def submitter(run: Run, store: Store, rng: random.Random) -> None:
     o = run.opts
-    producer = Producer(store, o.queue, result_list=o.results)
+    producer = Producer(
+        store,
+        o.queue,
+        result_list=o.results,
+        wait_replicas=o.wait_replicas or 0,
+        wait_timeout_ms=o.wait_timeout_ms or 1000,
+    )
     tick = 0.1
     per_tick = o.requests / (o.duration / tick)
     owed = 0.0

@@ -17,6 +17,7 @@ from claimkit.protocol.models import (
 )
 from claimkit.protocol.store_calls import read_results
 from claimkit.store import reply_text
+from claimkit.store.script_calls import ReplicaWait
 
 if TYPE_CHECKING:
     from claimkit.store import Arg, Store
@@ -89,11 +90,21 @@ class Producer:
     """
 
     def __init__(
-        self, store: Store, queue: str, *, result_list: str = _keys.DEFAULT_RESULT_LIST
+        self,
+        store: Store,
+        queue: str,
+        *,
+        result_list: str = _keys.DEFAULT_RESULT_LIST,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
         self.store = store
         self.queue = queue
         self.result_list = result_list
+        self.wait = ReplicaWait(wait_replicas, wait_timeout_ms or 1000, store.url)
+        """``wait_replicas`` (0: off) and ``wait_timeout_ms`` (milliseconds): with replicas
+        to wait for, :meth:`submit_many` sends ``WAIT`` after its ``ZADD``, on the same
+        connection (docs/topology.md#failover)."""
         self.cluster = _keys.cluster_layout(store)
         """Whether ``store`` is a Redis Cluster (``store.mode == "cluster"``): then no call
         wraps keys of several slots in one MULTI
@@ -232,7 +243,7 @@ class Producer:
             written.append((rid, token, deadline, member))
         if not written:
             return []
-        if self.cluster:
+        if self.cluster or self.wait.replicas:
             await self._submit_in_order(written)
             return [token for _, token, _, _ in written]
         commands: list[list[Arg]] = []
@@ -246,8 +257,11 @@ class Producer:
         return [token for _, token, _, _ in written]
 
     async def _submit_in_order(self, written: list[tuple[str, str, int, bytes]]) -> None:
-        """The cluster submit: cancel markers deleted, active markers set, then the queue,
-        each step one pipelined round trip, the next sent only once the last answered."""
+        """The cluster submit, and any submit that waits for replicas: cancel markers
+        deleted, active markers set, then the queue, each step one pipelined round trip,
+        the next sent only once the last answered. Waiting, the ``ZADD`` is followed by
+        ``WAIT`` in its pipeline (one connection); fewer replicas in time is warned about,
+        as for the consumer's scripts (:meth:`ReplicaWait.check`)."""
         await self.store.pipeline(
             [["DEL", _keys.request_cancel(rid)] for rid, _, _, _ in written], transaction=False
         )
@@ -261,7 +275,13 @@ class Producer:
         scored: list[Arg] = []
         for _, _, deadline, member in written:
             scored += [deadline, member.decode()]
-        await self.store.command("ZADD", self.queue, *scored)
+        if not self.wait.replicas:
+            await self.store.command("ZADD", self.queue, *scored)
+            return
+        _added, confirmed = await self.store.pipeline(
+            [["ZADD", self.queue, *scored], list(self.wait.command())], transaction=False
+        )
+        self.wait.check("submit", confirmed)
 
     async def submit(self, request: Mapping[str, Any]) -> str:
         """Submit one request; see :meth:`submit_many`. Returns its ``request_token``."""

@@ -201,3 +201,35 @@ async def test_on_a_cluster_each_node_waits_for_its_own_replicas(
             else:  # no replica confirms: the calls are done all the same (and warned about)
                 assert await store.run_many(SET_INCR, calls) == [1, 1, 1, 2]
                 assert await store.run(READ, ["{a}:v", "{a}:x"], []) == [b"a", b"{a}:x"]
+
+
+async def test_a_waiting_producer_returns_once_a_replica_has_the_request(
+    pair: tuple[RedisServer, RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Producer(wait_replicas=1)``: the ZADD is followed by WAIT on its connection, so the
+    replica holds the request when ``submit`` returns; with the replica gone the request is
+    queued all the same and one warning says a failover could lose it."""
+    from claimkit.producer import Producer
+
+    primary, replica = pair
+    caplog.set_level(logging.WARNING, logger="claimkit")
+    script_calls._short_since.clear()
+    with trio.fail_after(20):
+        async with open_store(primary.url) as store:
+            deadline = int(float(call(primary.port, [["TIME"]], 5.0)[0][0])) + 600
+            producer = Producer(store, "q", wait_replicas=1, wait_timeout_ms=5000)
+            token = await producer.submit({"id": "r1", "deadline": deadline})
+            assert call(replica.port, [["ZCARD", "q"], ["GET", "request-active:r1"]], 5.0) == [
+                1,
+                token.encode(),
+            ]
+            assert _short_warnings(caplog) == []
+            replica.kill()
+            quick = Producer(store, "q", wait_replicas=1, wait_timeout_ms=50)
+            await quick.submit({"id": "r2", "deadline": deadline})
+    assert call(primary.port, [["ZCARD", "q"]], 5.0) == [2]
+    assert _short_warnings(caplog) == [
+        f"claimkit: warning: Redis at {primary.url}: a submit call reached 0 of 1 replicas "
+        "within 50 ms (wait_replicas); it is done on the primary, but a failover before the "
+        "replicas catch up may lose it (docs/topology.md#failover)"
+    ]

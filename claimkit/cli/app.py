@@ -278,7 +278,13 @@ def submit(
 
     async def go(store: Store) -> list[str]:
         try:
-            return await Producer(store, queue).submit_many(docs)
+            producer = Producer(
+                store,
+                queue,
+                wait_replicas=config.wait_replicas,
+                wait_timeout_ms=config.wait_timeout_ms,
+            )
+            return await producer.submit_many(docs)
         except SubmitError as exc:
             if exc.index is None:
                 raise

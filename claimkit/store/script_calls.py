@@ -45,10 +45,11 @@ class ReplicaWait:
         """``("WAIT", replicas, timeout_ms)``: the command sent after a writing call."""
         return ("WAIT", self.replicas, self.timeout_ms)
 
-    def check(self, script: Script, reply: Any) -> None:
+    def check(self, script: Script | str, reply: Any) -> None:
         """Warn (one line, at most every :data:`SHORT_WARNING_SECONDS` per store) when
         ``WAIT`` answered fewer replicas than asked; an error reply is raised as it is (for
-        the backend to translate).
+        the backend to translate). ``script`` is the script called, or the name of what
+        was written (``"submit"``).
 
         A short answer does not undo the call: the script ran on the primary, so the call
         counts as done, as it would without the knob; only a failover before the replicas
@@ -60,7 +61,8 @@ class ReplicaWait:
             raise reply
         reached = int(reply)
         if reached < self.replicas:
-            _warn_short(self.url, script.name, reached, self.replicas, self.timeout_ms)
+            name = script if isinstance(script, str) else script.name
+            _warn_short(self.url, name, reached, self.replicas, self.timeout_ms)
 
 
 SHORT_WARNING_SECONDS = 10.0
