@@ -7,6 +7,9 @@ addresses: seed nodes of a cluster, or sentinels.
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -19,17 +22,59 @@ MODES = ("standalone", "cluster", "sentinel")
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
-    """``"host:port"`` as ``(host, port)``; an IPv6 host may be bracketed
-    (``"[::1]:7000"``).
+    """``"host:port"`` as ``(host, port)``; an IPv6 host goes in brackets
+    (``"[::1]:7000"``, returned as ``("::1", 7000)``). Exactly that: no scheme, no spaces,
+    one ``:`` outside the brackets, a port in 1-65535.
 
     Raises:
-        ConfigError: not ``host:port`` with a port in 1-65535, as one line.
+        ConfigError: one line naming the entry and its fault
+            (docs/topology.md#configuration), e.g. ``addrs entry "h:99999" has port 99999,
+            out of range 1-65535``.
     """
-    host, sep, port = addr.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f'addrs entry "{addr}" must be "host:port"')
+    shown = json.dumps(addr, ensure_ascii=False)
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"addrs entry {shown} {why}")
+
+    if "://" in addr:
+        raise bad('must be "host:port" without a scheme')
+    if any(c.isspace() for c in addr):
+        raise bad('must be "host:port" without spaces')
+    if addr.startswith("["):
+        host, sep, port = addr[1:].partition("]:")
+        if not sep or "]" in port or not _is_ipv6(host):
+            raise bad('must be "[IPv6 address]:port"')
+    else:
+        host, sep, port = addr.partition(":")
+        if ":" in port:
+            raise bad('must be "host:port" with one ":" (an IPv6 host in brackets: "[::1]:7000")')
+        if not sep:
+            raise bad('must be "host:port"')
+        if not host:
+            raise bad('must be "host:port" (no host)')
+        if not _HOST.fullmatch(host):
+            raise bad(f'must be "host:port" (bad host {json.dumps(host, ensure_ascii=False)})')
+    if not port:
+        raise bad('must be "host:port" (no port)')
+    if not (port.isascii() and port.isdigit()):
+        raise bad(
+            f'must be "host:port" (port {json.dumps(port, ensure_ascii=False)} is not a number)'
+        )
+    if not 0 < int(port) < 65536:
+        raise bad(f"has port {int(port)}, out of range 1-65535")
     return host, int(port)
+
+
+_HOST = re.compile(r"[A-Za-z0-9_.-]+")
+"""A host name or IPv4 address (letters, digits, ``.``, ``-``, ``_``)."""
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +102,7 @@ class Topology:
                 ``master_name requires mode "sentinel"``,
                 ``master_name is required when mode is "sentinel"``,
                 ``mode "cluster" does not support selecting database N; use database 0 in
-                url``, or ``addrs entry "x" must be "host:port"``.
+                url``, or an ``addrs entry "x" ...`` line of :func:`parse_addr`.
         """
         if self.mode not in MODES:
             raise ConfigError(
