@@ -343,6 +343,15 @@ BAD_ADDRS = {
             {"mode": "cluster", "url": "redis://h:7000?db=2"},
             'mode "cluster" does not support selecting database 2; use database 0 in url',
         ),
+        (
+            # The clients read ?db= before the path: this URL selects database 3.
+            {"mode": "cluster", "url": "redis://h:7000/0?db=3"},
+            'mode "cluster" does not support selecting database 3; use database 0 in url',
+        ),
+        (
+            {"mode": "cluster", "url": "redis://h:7000/0?timeout=5&db=3&db=0"},
+            'mode "cluster" does not support selecting database 3; use database 0 in url',
+        ),
         ({"mode": 1}, "mode must be a string, got 1"),
         ({"mode": "cluster", "addrs": "h:1"}, 'addrs must be a list of "host:port" strings'),
         ({"mode": "cluster", "addrs": [7000]}, 'addrs must be a list of "host:port" strings'),
@@ -375,5 +384,5 @@ def test_addrs_entries_are_host_and_port() -> None:
 
 
 def test_a_cluster_on_database_0_is_fine() -> None:
-    for url in ("redis://h:7000", "redis://h:7000/0", "redis://h:7000/"):
+    for url in ("redis://h:7000", "redis://h:7000/0", "redis://h:7000/", "redis://h:7000/3?db=0"):
         assert load({"queues": [QUEUE], "mode": "cluster", "url": url}).mode == "cluster"

@@ -27,3 +27,18 @@ def test_a_bad_addrs_entry_is_refused_by_name(redis_url: str, addr: str, line: s
     result = invoke([*SUBMIT, "--transport-config", config])
     one_line_error(result, f'addrs entry "{addr}" {line}')
     assert do(redis_url, ("DBSIZE",)) == [0]
+
+
+@pytest.mark.parametrize("database", ["/3", "/0?db=3"])
+def test_a_cluster_url_selecting_a_database_is_refused_before_connecting(
+    redis_url: str, database: str
+) -> None:
+    """``?db=`` wins over the path in coredis and redis-py: ``/0?db=3`` selects database 3,
+    which a cluster node would refuse only after connecting (``SELECT is not allowed``)."""
+    url = redis_url.removesuffix("/0") + database
+    config = config_json(url, queue=Q, mode="cluster")
+    result = invoke([*SUBMIT, "--transport-config", config])
+    one_line_error(
+        result, 'mode "cluster" does not support selecting database 3; use database 0 in url'
+    )
+    assert do(redis_url, ("DBSIZE",)) == [0]

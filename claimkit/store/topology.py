@@ -11,7 +11,7 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from claimkit._errors import ConfigError
 
@@ -137,14 +137,14 @@ class Topology:
 
 
 def url_database(url: str) -> int:
-    """The database a Redis URL selects: its path (``/3``), else its ``db`` query
-    parameter, else 0. A malformed number counts as 0 here (``check_url`` refuses it)."""
+    """The database a Redis URL selects, read as coredis and redis-py read it: its ``db``
+    query parameter (the first one), else its path (``/3``; not for ``unix://``, whose path
+    is the socket), else 0. A malformed number counts as 0 here (``check_url`` refuses it)."""
     parts = urlsplit(url)
-    path = parts.path.strip("/")
-    if path.isdigit():
+    for name, values in parse_qs(parts.query).items():
+        if name.lower() == "db" and values[0].strip().isdigit():
+            return int(values[0])
+    path = parts.path.replace("/", "")
+    if parts.scheme != "unix" and path.isdigit():
         return int(path)
-    for item in parts.query.split("&"):
-        name, _, value = item.partition("=")
-        if name.lower() == "db" and value.isdigit():
-            return int(value)
     return 0
