@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from support import config_json, do, invoke, one_line_error
+from support import closed_port, config_json, do, invoke, one_line_error
 
 Q = "requests"
 SUBMIT = ["submit", "-q", Q, '{"id":"r1","deadline":4102444800}']
@@ -42,3 +42,27 @@ def test_a_cluster_url_selecting_a_database_is_refused_before_connecting(
         result, 'mode "cluster" does not support selecting database 3; use database 0 in url'
     )
     assert do(redis_url, ("DBSIZE",)) == [0]
+
+
+@pytest.mark.parametrize(
+    "doc", [{"mode": "cluster"}, {"mode": "sentinel", "master_name": "mymaster"}]
+)
+def test_cluster_and_sentinel_need_a_tcp_url(doc: dict[str, str]) -> None:
+    """A cluster's nodes and the sentinels are TCP addresses: a unix:// url is refused
+    before anything connects (it was read as 127.0.0.1:6379, whatever answered there)."""
+    config = config_json("unix:///nonexistent/x.sock", queue=Q, **doc)
+    result = invoke([*SUBMIT, "--transport-config", config])
+    one_line_error(
+        result, f'mode "{doc["mode"]}" needs a TCP url (redis:// or rediss://), not unix://'
+    )
+
+
+def test_an_unreachable_cluster_seed_is_unavailable() -> None:
+    url = f"redis://127.0.0.1:{closed_port()}/0"
+    config = config_json(url, queue=Q, mode="cluster")
+    result = invoke(["inspect", "-q", Q, "--transport-config", config])
+    one_line_error(
+        result,
+        f"Redis at {url} is unavailable: Redis Cluster at {url} cannot be reached: no seed "
+        f"node answered (Unable to establish a connection to {url[8:-2]})",
+    )

@@ -135,7 +135,9 @@ class ClusterStore(CoredisStore):
             raise
 
     def _init_error(self, exc: BaseException) -> BaseException:
-        for cause in (exc, exc.__cause__, exc.__context__):
+        # Only what a seed answered (coredis puts the last seed's error in __cause__): an
+        # exception merely being handled nearby (__context__) is no answer of this cluster.
+        for cause in (exc, exc.__cause__):
             if cause is not None and _CLUSTER_DISABLED in str(cause):
                 return NotACluster.for_url(self.url, f"it answered {cause}")
         file_error = tls_file_error(self.url)
@@ -144,7 +146,13 @@ class ClusterStore(CoredisStore):
         translated = _translate(exc.__cause__ or exc, self.url, cluster=True)
         if isinstance(translated, StoreError) and not isinstance(translated, StoreUnavailable):
             return translated  # a wrong password, a TLS problem: retrying will not help
-        return StoreUnavailable(f"Redis Cluster at {self.url} cannot be reached: {exc}")
+        if isinstance(exc, cx.RedisClusterError) and exc.__cause__ is not None:
+            # "Redis Cluster cannot be connected. Please provide at least one reachable
+            # node.": say so, with the last seed's own error.
+            why = f"no seed node answered ({exc.__cause__})"
+        else:
+            why = str(exc)
+        return StoreUnavailable(f"Redis Cluster at {self.url} cannot be reached: {why}")
 
     def _check_ready(self) -> None:
         if self._refusal is not None:

@@ -102,7 +102,9 @@ class Topology:
                 ``master_name requires mode "sentinel"``,
                 ``master_name is required when mode is "sentinel"``,
                 ``mode "cluster" does not support selecting database N; use database 0 in
-                url``, or an ``addrs entry "x" ...`` line of :func:`parse_addr`.
+                url``, ``mode "cluster" needs a TCP url (redis:// or rediss://), not
+                unix://`` (``"sentinel"`` too: a cluster's nodes and the sentinels are TCP
+                addresses), or an ``addrs entry "x" ...`` line of :func:`parse_addr`.
         """
         if self.mode not in MODES:
             raise ConfigError(
@@ -116,6 +118,8 @@ class Topology:
             raise ConfigError('master_name is required when mode is "sentinel"')
         for addr in self.addrs:
             parse_addr(addr)
+        if self.mode != "standalone" and url is not None and urlsplit(url).scheme == "unix":
+            raise _needs_tcp(self.mode)
         if self.mode == "cluster" and url is not None:
             db = url_database(url)
             if db != 0:
@@ -128,12 +132,18 @@ class Topology:
         """The URL's host and port, then :attr:`addrs`, without repeats: a cluster's seed
         nodes or the sentinels, in the order they are tried."""
         parts = urlsplit(url)
-        out = [(parts.hostname or "127.0.0.1", parts.port or 6379)]
+        if parts.scheme == "unix" or not parts.hostname:
+            raise _needs_tcp(self.mode)  # never a made-up 127.0.0.1:6379 in its place
+        out = [(parts.hostname, parts.port or 6379)]
         for addr in self.addrs:
             seed = parse_addr(addr)
             if seed not in out:
                 out.append(seed)
         return out
+
+
+def _needs_tcp(mode: str) -> ConfigError:
+    return ConfigError(f'mode "{mode}" needs a TCP url (redis:// or rediss://), not unix://')
 
 
 def url_database(url: str) -> int:
