@@ -3,8 +3,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
+from sentinel import sentinel_group
 from support import closed_port, config_json, do, invoke, one_line_error
+
+if TYPE_CHECKING:
+    from claimkit.dev.sentinel import SentinelGroup
+
+__all__ = ["sentinel_group"]  # the fixture, imported for pytest
 
 Q = "requests"
 SUBMIT = ["submit", "-q", Q, '{"id":"r1","deadline":4102444800}']
@@ -66,3 +74,53 @@ def test_an_unreachable_cluster_seed_is_unavailable() -> None:
         f"Redis at {url} is unavailable: Redis Cluster at {url} cannot be reached: no seed "
         f"node answered (Unable to establish a connection to {url[8:-2]})",
     )
+
+
+def test_sentinel_mode_at_a_data_server_says_it_is_not_a_sentinel(
+    sentinel_group: SentinelGroup,
+) -> None:
+    url = sentinel_group.primary.url
+    config = config_json(url, queue=Q, mode="sentinel", master_name="claimkit")
+    result = invoke([*SUBMIT, "--transport-config", config])
+    one_line_error(
+        result,
+        f"Redis at {url} is not a Sentinel (it answered unknown command 'SENTINEL', with "
+        "args beginning with: 'GET-MASTER-ADDR-BY-NAME' 'claimkit'): point url and addrs at "
+        "the sentinels (docs/topology.md#configuration)",
+    )
+    assert do(url, ("DBSIZE",)) == [0]
+
+
+def test_a_wrong_master_name_is_not_an_unreachable_sentinel(
+    sentinel_group: SentinelGroup,
+) -> None:
+    url, addrs = sentinel_group.sentinel_url, sentinel_group.sentinel_addrs
+    config = config_json(url, queue=Q, mode="sentinel", master_name="nope", addrs=addrs)
+    result = invoke([*SUBMIT, "--transport-config", config])
+    one_line_error(
+        result,
+        f"Redis at {url} is unavailable: the sentinels at {', '.join(addrs)} know no "
+        "primary named 'nope'",
+    )
+    assert do(sentinel_group.primary.url, ("DBSIZE",)) == [0]
+    down = [f"127.0.0.1:{closed_port()}", f"127.0.0.1:{closed_port()}"]
+    url = f"redis://{down[0]}/0"
+    config = config_json(url, queue=Q, mode="sentinel", master_name="claimkit", addrs=down)
+    result = invoke([*SUBMIT, "--transport-config", config])
+    one_line_error(
+        result, f"Redis at {url} is unavailable: no sentinel answered at {', '.join(down)}"
+    )
+
+
+@pytest.mark.parametrize("mode", ["standalone", "cluster"])
+def test_a_sentinel_is_not_a_data_server(sentinel_group: SentinelGroup, mode: str) -> None:
+    url = sentinel_group.sentinel_url
+    serve = ["serve", "--metrics-port", "0", "--health-port", "0"]
+    for command in (SUBMIT, ["inspect", "-q", Q], serve):
+        result = invoke([*command, "--transport-config", config_json(url, queue=Q, mode=mode)])
+        one_line_error(
+            result,
+            f'Redis at {url} is a Sentinel: set "mode": "sentinel" and "master_name" '
+            "(docs/topology.md#configuration)",
+        )
+    assert do(sentinel_group.primary.url, ("DBSIZE",)) == [0]
