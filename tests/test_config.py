@@ -299,6 +299,29 @@ def test_cluster_and_sentinel_topologies_are_read() -> None:
     assert (c.wait_replicas, c.wait_timeout_ms) == (0, 1000)
 
 
+BAD_ADDRS = {
+    "redis://127.0.0.1:7000": '"redis://127.0.0.1:7000" must be "host:port" without a scheme',
+    "127.0.0.1:7000:1": '"127.0.0.1:7000:1" must be "host:port" with one ":" (an IPv6 host in '
+    'brackets: "[::1]:7000")',
+    "::1:7000": '"::1:7000" must be "host:port" with one ":" (an IPv6 host in brackets: '
+    '"[::1]:7000")',
+    " 127.0.0.1:7000": '" 127.0.0.1:7000" must be "host:port" without spaces',
+    "127.0.0.1:7000 ": '"127.0.0.1:7000 " must be "host:port" without spaces',
+    "h:\n1": '"h:\\n1" must be "host:port" without spaces',
+    "127.0.0.1:99999": '"127.0.0.1:99999" has port 99999, out of range 1-65535',
+    ":7000": '":7000" must be "host:port" (no host)',
+    "h:": '"h:" must be "host:port" (no port)',
+    "h:x": '"h:x" must be "host:port" (port "x" is not a number)',
+    "h:-1": '"h:-1" must be "host:port" (port "-1" is not a number)',
+    "a/b:1": '"a/b:1" must be "host:port" (bad host "a/b")',
+    "user@h:1": '"user@h:1" must be "host:port" (bad host "user@h")',
+    "[::1]": '"[::1]" must be "[IPv6 address]:port"',
+    "[h]:1": '"[h]:1" must be "[IPv6 address]:port"',
+    "[::1]:70000": '"[::1]:70000" has port 70000, out of range 1-65535',
+}
+"""Each ``addrs`` mistake and its line after ``addrs entry `` (docs/topology.md#configuration)."""
+
+
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
@@ -320,11 +343,24 @@ def test_cluster_and_sentinel_topologies_are_read() -> None:
             {"mode": "cluster", "url": "redis://h:7000?db=2"},
             'mode "cluster" does not support selecting database 2; use database 0 in url',
         ),
+        (
+            # The clients read ?db= before the path: this URL selects database 3.
+            {"mode": "cluster", "url": "redis://h:7000/0?db=3"},
+            'mode "cluster" does not support selecting database 3; use database 0 in url',
+        ),
+        (
+            {"mode": "cluster", "url": "redis://h:7000/0?timeout=5&db=3&db=0"},
+            'mode "cluster" does not support selecting database 3; use database 0 in url',
+        ),
         ({"mode": 1}, "mode must be a string, got 1"),
         ({"mode": "cluster", "addrs": "h:1"}, 'addrs must be a list of "host:port" strings'),
         ({"mode": "cluster", "addrs": [7000]}, 'addrs must be a list of "host:port" strings'),
         ({"mode": "cluster", "addrs": ["h"]}, 'addrs entry "h" must be "host:port"'),
-        ({"mode": "cluster", "addrs": ["h:0"]}, 'addrs entry "h:0" must be "host:port"'),
+        (
+            {"mode": "cluster", "addrs": ["h:0"]},
+            'addrs entry "h:0" has port 0, out of range 1-65535',
+        ),
+        *(({"mode": "cluster", "addrs": [a]}, f"addrs entry {m}") for a, m in BAD_ADDRS.items()),
         ({"mode": "sentinel", "master_name": 3}, "master_name must be a non-empty string"),
         ({"wait_replicas": -1}, "wait_replicas must be non-negative"),
         ({"wait_timeout_ms": "1s"}, 'wait_timeout_ms must be a number, got "1s"'),
@@ -336,6 +372,17 @@ def test_topology_errors_are_upstreams_lines(doc: dict[str, Any], message: str) 
     assert str(info.value) == message
 
 
+def test_addrs_entries_are_host_and_port() -> None:
+    doc = {"mode": "cluster", "addrs": ["h:1", "10.0.0.6:65535", "[::1]:7000", "[fe80::1%eth0]:7"]}
+    c = load({"queues": [QUEUE], **doc})
+    assert c.topology.seeds("redis://h:1") == [
+        ("h", 1),
+        ("10.0.0.6", 65535),
+        ("::1", 7000),
+        ("fe80::1%eth0", 7),
+    ]
+
+
 def test_a_cluster_on_database_0_is_fine() -> None:
-    for url in ("redis://h:7000", "redis://h:7000/0", "redis://h:7000/"):
+    for url in ("redis://h:7000", "redis://h:7000/0", "redis://h:7000/", "redis://h:7000/3?db=0"):
         assert load({"queues": [QUEUE], "mode": "cluster", "url": url}).mode == "cluster"

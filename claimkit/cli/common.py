@@ -26,7 +26,7 @@ from claimkit.store import (
     StoreUnavailable,
     redact_url,
 )
-from claimkit.store.server_checks import ClusterUnsupported, NotACluster
+from claimkit.store.server_checks import ClusterUnsupported, NotACluster, SentinelMismatch
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -229,7 +229,7 @@ def _operator_message(found: BaseException, url: str) -> str:
         return f"Redis at {redact_url(url)}: {found} (docs/security.md)"
     if isinstance(found, StorePermissionError):
         return f"Redis at {redact_url(url)} refused a command under its ACL: {found}"
-    if isinstance(found, ClusterUnsupported | NotACluster):
+    if isinstance(found, ClusterUnsupported | NotACluster | SentinelMismatch):
         return str(found)  # one line that names the URL already
     if isinstance(found, StoreError):
         return f"Redis at {redact_url(url)} {_auth_hint(str(found))}: {found}"

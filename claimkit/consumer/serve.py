@@ -95,7 +95,8 @@ async def _preflight(store: Store, config: Config, *, allow_eviction: bool = Fal
         WrongKeyType: one line naming the key, the type it holds and the type expected.
         ConfigError: one key would have to be two types (:func:`key_roles`), or Redis
             evicts any key and ``allow_eviction`` is false.
-        ClusterUnsupported, NotACluster: the server's mode is not the config's.
+        ClusterUnsupported, NotACluster, SentinelMismatch: the server's mode is not the
+            config's.
     """
     roles = key_roles(config)
     try:
@@ -217,7 +218,8 @@ async def serve_forever(
     Raises:
         ConfigError: a port is taken, a gate is misconfigured, or Redis may evict any key
             (one line).
-        ClusterUnsupported, NotACluster: the server's mode is not the config's (one line).
+        ClusterUnsupported, NotACluster, SentinelMismatch: the server's mode is not the
+            config's (one line).
         ConfigError, StoreError: the preflight rerun after a sentinel failover refused the
             promoted primary (one line; the consumer stopped first).
     """

@@ -26,7 +26,7 @@ from coredis.typing import Key
 from claimkit.store.coredis_store import _NOOP, CoredisStore, _translate, _translated
 from claimkit.store.interface import Arg, ScriptCall, StoreError, StoreUnavailable, reply_text
 from claimkit.store.script_calls import NO_WAIT, ReplicaWait, run_pipelined
-from claimkit.store.server_checks import NotACluster
+from claimkit.store.server_checks import NotACluster, SentinelMismatch
 from claimkit.store.slots import key_positions, key_slot
 from claimkit.store.tls import tls_file_error
 
@@ -43,6 +43,7 @@ _RETRY_FIRST = 0.25  # seconds before the layout is read again after a failure; 
 _RETRY_MAX = 5.0
 _REFRESH_PAUSE = 0.25  # seconds at least between two reads of the map after failures
 _CLUSTER_DISABLED = "cluster support disabled"
+_NO_CLUSTER_COMMAND = "unknown command 'CLUSTER'"
 
 
 def _wrap(args: Sequence[Arg]) -> tuple[Any, ...]:
@@ -74,7 +75,7 @@ class ClusterStore(CoredisStore):
         super().__init__(client, url, mode="cluster", wait=wait)  # type: ignore[arg-type]
         self._ready = False
         self._down: BaseException = StoreUnavailable(f"Redis Cluster at {self.url}: not read yet")
-        self._refusal: NotACluster | None = None
+        self._refusal: NotACluster | SentinelMismatch | None = None
         self._refresh_wanted = trio.Event()
 
     # -- the cluster's map, read in the background ------------------------------------------
@@ -96,7 +97,7 @@ class ClusterStore(CoredisStore):
             except (cx.RedisError, TimeoutError, OSError) as exc:
                 self._ready = False
                 self._down = self._init_error(exc)
-                if isinstance(self._down, NotACluster):
+                if isinstance(self._down, NotACluster | SentinelMismatch):
                     self._refusal = self._down
                 if not started:
                     started = True
@@ -135,16 +136,28 @@ class ClusterStore(CoredisStore):
             raise
 
     def _init_error(self, exc: BaseException) -> BaseException:
-        for cause in (exc, exc.__cause__, exc.__context__):
+        # Only what a seed answered (coredis puts the last seed's error in __cause__): an
+        # exception merely being handled nearby (__context__) is no answer of this cluster.
+        for cause in (exc, exc.__cause__):
             if cause is not None and _CLUSTER_DISABLED in str(cause):
                 return NotACluster.for_url(self.url, f"it answered {cause}")
+            if cause is not None and str(cause).startswith(_NO_CLUSTER_COMMAND):
+                # A data server knows CLUSTER even without cluster support; a sentinel not.
+                return SentinelMismatch.is_a_sentinel(self.url)
+
         file_error = tls_file_error(self.url)
         if file_error is not None:
             return file_error
         translated = _translate(exc.__cause__ or exc, self.url, cluster=True)
         if isinstance(translated, StoreError) and not isinstance(translated, StoreUnavailable):
             return translated  # a wrong password, a TLS problem: retrying will not help
-        return StoreUnavailable(f"Redis Cluster at {self.url} cannot be reached: {exc}")
+        if isinstance(exc, cx.RedisClusterError) and exc.__cause__ is not None:
+            # "Redis Cluster cannot be connected. Please provide at least one reachable
+            # node.": say so, with the last seed's own error.
+            why = f"no seed node answered ({exc.__cause__})"
+        else:
+            why = str(exc)
+        return StoreUnavailable(f"Redis Cluster at {self.url} cannot be reached: {why}")
 
     def _check_ready(self) -> None:
         if self._refusal is not None:

@@ -29,6 +29,7 @@ from coredis.retry import NoRetryPolicy
 from claimkit.store.coredis_store import CoredisStore
 from claimkit.store.interface import Arg, ScriptCall, StoreError, StoreUnavailable
 from claimkit.store.script_calls import NO_WAIT, ReplicaWait
+from claimkit.store.server_checks import SentinelMismatch
 from claimkit.store.tls import tls_file_error
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ log = logging.getLogger("claimkit")
 
 # The server reached is not the primary (any more): the sentinels must be asked again.
 _STALE = (cx.ReadOnlyError, cx.StalePrimaryError, cx.PrimaryNotFoundError)
+# A data server's reply to the question for the primary: url or addrs is no sentinel.
+_NOT_A_SENTINEL = "unknown command 'SENTINEL'"
 
 
 def _name(location: TCPLocation | None) -> str:
@@ -68,9 +71,13 @@ class SentinelStore(CoredisStore):
         *,
         master_name: str,
         wait: ReplicaWait,
+        sentinels: Sequence[coredis.Redis[bytes]] = (),
+        sentinel_addrs: str = "",
     ) -> None:
         super().__init__(client, url, mode="sentinel", wait=wait)
         self.master_name = master_name
+        self._sentinels = sentinels
+        self._sentinel_addrs = sentinel_addrs
         self.primary: str | None = None
         self.topology_changes = 0
         self._changed = trio.Event()
@@ -112,9 +119,28 @@ class SentinelStore(CoredisStore):
             return await call()
         except (StoreUnavailable, StoreError) as exc:
             self._failed(exc)
+            if isinstance(exc, StoreError) and str(exc).startswith(_NOT_A_SENTINEL):
+                # A data server asked SENTINEL GET-MASTER-ADDR-BY-NAME: url or addrs.
+                raise SentinelMismatch.not_a_sentinel(self.url, str(exc)) from exc
+            if isinstance(exc.__cause__, cx.PrimaryNotFoundError):
+                raise await self._no_primary() from exc
             raise
         finally:
             self._noticed()
+
+    async def _no_primary(self) -> StoreUnavailable:
+        """Why the sentinels named no primary: none of them answered, or they know no
+        primary by :attr:`master_name` (coredis says ``No primary found`` for both)."""
+        for sentinel in list(self._sentinels):
+            try:
+                await sentinel.ping()
+            except (cx.RedisError, TimeoutError, OSError):
+                continue
+            return StoreUnavailable(
+                f"the sentinels at {self._sentinel_addrs} know no primary named "
+                f"{self.master_name!r}"
+            )
+        return StoreUnavailable(f"no sentinel answered at {self._sentinel_addrs}")
 
     async def command(self, *args: Arg) -> Any:
         return await self._follow(lambda: CoredisStore.command(self, *args))
@@ -168,8 +194,9 @@ async def open_sentinel_store(
         for k, v in parsed.connection_pool.connection_kwargs.items()
         if k not in ("processing_budget", "decode_responses") and v is not None
     }
+    seeds = topology.seeds(url)
     sentinel: coredis.Sentinel[bytes] = coredis.Sentinel(
-        [TCPLocation(host, port) for host, port in topology.seeds(url)],
+        [TCPLocation(host, port) for host, port in seeds],
         sentinel_kwargs={"connect_timeout": timeout, "stream_timeout": timeout},
         decode_responses=False,
         retry_policy=NoRetryPolicy(),
@@ -177,6 +204,13 @@ async def open_sentinel_store(
     )
     client = sentinel.primary_for(master_name)
     client.verify_version = False
-    store = SentinelStore(client, shown or url, master_name=master_name, wait=wait)
+    store = SentinelStore(
+        client,
+        shown or url,
+        master_name=master_name,
+        wait=wait,
+        sentinels=sentinel.sentinels,
+        sentinel_addrs=", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in seeds),
+    )
     async with sentinel, client:
         yield store

@@ -34,6 +34,7 @@ __all__ = [
     "MIN_REDIS_VERSION",
     "ClusterUnsupported",
     "NotACluster",
+    "SentinelMismatch",
     "ServerTooOld",
     "StandaloneOnly",
     "eviction_policy",
@@ -58,6 +59,28 @@ class ClusterUnsupported(StoreError):
         return cls(
             f'Redis at {url} is a Redis Cluster node ({how}): set "mode": "cluster" in '
             "the transport config to use it (docs/topology.md#configuration)"
+        )
+
+
+class SentinelMismatch(StoreError):
+    """A Sentinel where the config expects a data server, or a data server where it
+    expects sentinels; nothing was written. ``str(err)`` is one line: the URL (password
+    masked), what it is, what to do (docs/topology.md#configuration)."""
+
+    @classmethod
+    def is_a_sentinel(cls, url: str) -> SentinelMismatch:
+        """``mode`` standalone or cluster, and ``url`` is a sentinel."""
+        return cls(
+            f'Redis at {url} is a Sentinel: set "mode": "sentinel" and "master_name" '
+            "(docs/topology.md#configuration)"
+        )
+
+    @classmethod
+    def not_a_sentinel(cls, url: str, answered: str) -> SentinelMismatch:
+        """``mode`` sentinel, and a server asked for the primary is no sentinel."""
+        return cls(
+            f"Redis at {url} is not a Sentinel (it answered {answered.strip()}): point url "
+            "and addrs at the sentinels (docs/topology.md#configuration)"
         )
 
 
@@ -126,6 +149,7 @@ class StandaloneOnly:
     The first call (of any method) first runs ``INFO``; ``cluster_enabled:1`` raises
     :class:`ClusterUnsupported` before that call is sent, and so does every later call; a
     server older than Redis 7.0 raises :class:`ServerTooOld` the same way.
+    A Sentinel (``INFO``'s ``redis_mode:sentinel``) raises :class:`SentinelMismatch`.
     When Redis is unreachable the check is tried again on the next call. When ``INFO`` is
     refused (an ACL without ``+info``) claimkit says so once and carries on; a cluster's
     ``MOVED``/``ASK``/``CLUSTERDOWN``/``CROSSSLOT``/``TRYAGAIN`` reply is still refused.
@@ -169,6 +193,9 @@ class StandaloneOnly:
             info = info_fields(await self._inner.command("INFO"))
         except StoreError as exc:
             self._raise_if_cluster(exc)
+            if isinstance(exc, SentinelMismatch):
+                self._refusal = exc
+                raise
             if not _refused(exc):
                 raise
             self._checked = True
@@ -180,6 +207,9 @@ class StandaloneOnly:
             )
             return
         self._checked = True
+        if info.get("redis_mode") == "sentinel":
+            self._refusal = SentinelMismatch.is_a_sentinel(self.url)
+            raise self._refusal
         if info.get("cluster_enabled") == "1":
             self._refusal = ClusterUnsupported.for_url(self.url, "INFO says cluster_enabled:1")
             raise self._refusal
