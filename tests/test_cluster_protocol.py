@@ -475,6 +475,46 @@ async def test_an_ack_whose_move_reply_was_lost_is_its_owners_on_retry(store: St
         }
 
 
+class MoveReplyLost(StoreWrapper):
+    """Step 1 of the first ack runs, then its reply is lost (``StoreUnavailable``)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.lost = False
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        reply = await self.inner.run(script, keys, args)
+        if script.name == "ack-outbox" and not self.lost:
+            self.lost = True
+            raise StoreUnavailable("Connection lost while receiving response")
+        return reply
+
+
+async def test_a_retried_ack_whose_entry_a_replay_finished_is_its_owners(store: Store) -> None:
+    """Step 1's reply is lost, a reclaim replays the entry, then the caller retries the
+    ack: its step 1 finds neither claim nor entry, and as this QueueOps sent that step it
+    answers acked by the owner; the same ack from another QueueOps (one that never sent
+    it) is a suppressed duplicate, not ours. One record, nothing else left."""
+    with trio.fail_after(20):
+        ops = QueueOps(MoveReplyLost(store), "q", dedup_ttl=DEDUP)
+        now = int(await server_now(store))
+        env, token = await claimed(ops, store, "r1", now + 600)
+        record = TerminalRecord.http("r1", 200, "done")
+        item = ack_item(env, token, "results", record)
+        with pytest.raises(StoreUnavailable):
+            await ops.ack([item])
+        assert (await QueueOps(store, "q", dedup_ttl=DEDUP).reclaim(10)).replayed == 1
+        pushed = {
+            "results": [record.to_json()],
+            **markers(store, ("r1", TOKEN, DEDUP), result_list="results"),
+        }
+        assert await snapshot(store) == pushed
+        assert await QueueOps(store, "q", dedup_ttl=DEDUP).ack([item]) == [(False, False)]
+        assert await ops.ack([item]) == [(True, True)]
+        assert await ops.ack([item]) == [(False, False)]  # answered once: forgotten
+        assert await snapshot(store) == pushed
+
+
 # -- a destination of another type -------------------------------------------------------------
 
 
@@ -765,6 +805,12 @@ class StalledAck(StoreWrapper):
     async def _stall(self) -> None:
         self.stalled = True
         await self.renewed.wait()
+        if self.where == "move":  # the consumer's reclaimer finishes the entries meanwhile
+
+            async def replayed() -> bool:
+                return int(await self.inner.command("HLEN", "{chat}:outbox")) == 0
+
+            await wait_for(replayed, "the outbox replayed")
         raise StoreUnavailable("Connection lost while receiving response")
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
@@ -783,7 +829,7 @@ class StalledAck(StoreWrapper):
         return reply
 
 
-@pytest.mark.parametrize("where", ["push"])
+@pytest.mark.parametrize("where", ["push", "move"])
 async def test_a_heartbeat_during_an_ack_across_slots_counts_nothing_released(
     store: Store,
     redis_cluster: RedisCluster,
@@ -793,7 +839,8 @@ async def test_a_heartbeat_during_an_ack_across_slots_counts_nothing_released(
     """The result list's primary dies while acks are in flight: a heartbeat renews the
     claims step 1 has already moved into the outbox (no claim is left to renew), then the
     push fails (``push``: the records wait in the outbox) or step 1's reply is lost
-    (``move``: the acker retries, "already in the outbox"). No claim is "released
+    (``move``: the consumer's reclaimer replays the outbox, then the acker retries and
+    finds neither claim nor entry). No claim is "released
     elsewhere": each is acked once, by its owner; one record each; the outbox and the
     claim keys end empty."""
     with trio.fail_after(60):

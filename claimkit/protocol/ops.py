@@ -91,6 +91,10 @@ class AckItem:
 ORPHAN_SCAN_COUNT = CHUNK
 """``HSCAN ... COUNT`` of the orphan scan, and the most orphans one reclaim call handles."""
 
+_UNANSWERED_MOVES_MAX = 100_000
+"""Outbox fields :class:`QueueOps` remembers from step-1 calls that raised (each is
+forgotten at the next ack of its item; past this many, those of acks never retried go)."""
+
 _SCAN_CLAIMED, _SCAN_OWNERS = 2, 3  # the KEYS index of the hash lua/reclaim-6.lua scans
 
 
@@ -173,6 +177,7 @@ class QueueOps:
         self.dedup_ttl = dedup_ttl
         self.lease_ttl = lease_ttl
         self._orphan_scan = _OrphanScan()
+        self._unanswered_moves: set[bytes] = set()  # outbox fields of a step 1 that raised
 
     def result_list_for(self, member_result_list: str | None) -> str:
         """The destination list of a request's record (docs/protocol.md#terminal-record):
@@ -403,7 +408,12 @@ class QueueOps:
         reclaimer's replay pushes them (:meth:`replay_outbox`); a record already there
         is then suppressed by the replay, not reported here. A call that fails in the
         first step may have moved some records; an ack retried after it answers
-        "already moved" for them: ``owned`` True, ``pushed`` from its own push step."""
+        "already moved" for them: ``owned`` True, ``pushed`` from its own push step. If a
+        replay has finished such a record's entry before the retry, the retry's first step
+        finds neither claim nor entry; as this object sent that record's first step in a
+        call that raised, it answers ``(True, True)``: acked by its owner (were that call
+        never applied and the claim lost during the outage, this miscounts a suppressed
+        duplicate as acked; the records themselves are right either way)."""
         if self.cluster:
             return await self._ack_cluster(items)
         out: list[tuple[bool, bool]] = []
@@ -443,9 +453,22 @@ class QueueOps:
             finish += await self._ack_local(items, name, indexes, out)
         owned: dict[int, bool] = {}
         for chunk in _chunks(remote):
-            moved = await self._move_to_outbox([items[i] for i in chunk])
-            for i, code in zip(chunk, moved, strict=True):
-                if code == MoveCode.SUPPRESSED:
+            fields = [_keys.outbox_field(items[i].id, items[i].token).encode() for i in chunk]
+            try:
+                moved = await self._move_to_outbox([items[i] for i in chunk])
+            except StoreUnavailable:
+                if len(self._unanswered_moves) > _UNANSWERED_MOVES_MAX:
+                    self._unanswered_moves.clear()
+                self._unanswered_moves.update(fields)
+                raise
+            for i, code, f in zip(chunk, moved, fields, strict=True):
+                unanswered = f in self._unanswered_moves
+                self._unanswered_moves.discard(f)
+                if code == MoveCode.SUPPRESSED and unanswered:
+                    # An earlier call's step 1 moved it (its reply was lost) and a replay
+                    # has finished the entry since: the owner's record, pushed.
+                    out[i] = (True, True)
+                elif code == MoveCode.SUPPRESSED:
                     out[i] = (False, False)
                 else:
                     owned[i] = code != MoveCode.MOVED_WITHDRAWN
