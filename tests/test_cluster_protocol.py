@@ -15,6 +15,7 @@ no second execution, nothing left in the outbox.
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -50,7 +51,7 @@ from claimkit.protocol.models import (
     retry_member,
 )
 from claimkit.protocol.ops import AckItem, ClaimCode, QueueOps, new_token
-from claimkit.store import StoreError
+from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -382,6 +383,138 @@ async def test_an_ack_killed_between_its_steps_is_finished_by_another_process(
         assert (await ops.claim([(envelope(raw), new_token())], 60))[1] == [ClaimCode.NOT_PENDING]
 
 
+class LostOnce(StoreWrapper):
+    """Fails one call of an ack across slots once with ``StoreUnavailable``, as a primary
+    SIGKILLed mid-call does: ``"push"`` before the push is sent, ``"push-applied"`` after
+    it ran (its reply lost), ``"drop"`` the ``HDEL`` of step 3 before it is sent."""
+
+    def __init__(self, inner: Store, where: str) -> None:
+        super().__init__(inner)
+        self.where = where
+        self.failed = 0
+
+    def _fails(self, where: str) -> bool:
+        if self.where != where or self.failed:
+            return False
+        self.failed += 1
+        return True
+
+    async def command(self, *args: Arg) -> Any:
+        if str(args[0]).upper() == "HDEL" and self._fails("drop"):
+            raise StoreUnavailable("Connection lost while sending")
+        return await self.inner.command(*args)
+
+    async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        if script.name != "push-result":
+            return await self.inner.run_many(script, calls)
+        if self._fails("push"):
+            raise StoreUnavailable("Connection lost while sending")
+        reply = await self.inner.run_many(script, calls)
+        if self._fails("push-applied"):
+            raise StoreUnavailable("Connection lost while receiving response")
+        return reply
+
+
+@pytest.mark.parametrize("where", ["push", "push-applied", "drop"])
+async def test_an_unavailable_push_step_acks_and_leaves_the_record_for_the_replay(
+    store: Store, where: str
+) -> None:
+    """Step 1 has moved the claim, then the list's slot fails (step 2 unsent, step 2 run
+    with its reply lost, or step 3 unsent): the ack answers acked by its owner, not an
+    error to retry (a retry would report the request's own push as a duplicate, or the
+    entry a replay finished as not ours). The entry waits in the outbox; a reclaim pushes
+    the record once (or finds it there) and empties the outbox."""
+    with trio.fail_after(20):
+        failing = LostOnce(store, where)
+        ops = QueueOps(failing, "q", dedup_ttl=DEDUP)
+        now = int(await server_now(store))
+        env, token = await claimed(ops, store, "r1", now + 600)
+        await store.command("HSET", ops.keys.deliveries, "r1", 1)
+        record = TerminalRecord.http("r1", 200, "done")
+
+        assert await ops.ack([ack_item(env, token, "results", record)]) == [(True, True)]
+        assert failing.failed == 1
+        k = ops.keys
+        assert k.outbox is not None
+        pushed = {
+            "results": [record.to_json()],
+            **markers(store, ("r1", TOKEN, DEDUP), result_list="results"),
+        }
+        state = await snapshot(store)
+        ((field, raw),) = state.pop(k.outbox).items()
+        assert field == outbox_field("r1", token).encode()
+        assert json.loads(raw) == {
+            "list": "results",
+            "request_token": TOKEN,
+            "id": "r1",
+            "record": record.to_json().decode(),
+        }
+        assert state == ({} if where == "push" else pushed)  # claimed by nobody either way
+
+        assert await ops.replay_outbox() == (1, 1 if where == "push" else 0)
+        assert await snapshot(store) == pushed
+        assert (await ops.claim([(env, new_token())], 60))[1] == [ClaimCode.NOT_PENDING]
+
+
+async def test_an_ack_whose_move_reply_was_lost_is_its_owners_on_retry(store: Store) -> None:
+    """Step 1 ran but its reply was lost, and the caller retries the ack: "already in the
+    outbox" is the owner's own ack (owned), and its push reports pushed."""
+    with trio.fail_after(20):
+        ops = QueueOps(store, "q", dedup_ttl=DEDUP, _after_outbox_step=crash_at(1))
+        now = int(await server_now(store))
+        env, token = await claimed(ops, store, "r1", now + 600)
+        record = TerminalRecord.http("r1", 200, "done")
+        item = ack_item(env, token, "results", record)
+        with pytest.raises(Crash):
+            await ops.ack([item])
+        ops._after_outbox_step = None
+        assert await ops.ack([item]) == [(True, True)]
+        assert await snapshot(store) == {
+            "results": [record.to_json()],
+            **markers(store, ("r1", TOKEN, DEDUP), result_list="results"),
+        }
+
+
+class MoveReplyLost(StoreWrapper):
+    """Step 1 of the first ack runs, then its reply is lost (``StoreUnavailable``)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.lost = False
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        reply = await self.inner.run(script, keys, args)
+        if script.name == "ack-outbox" and not self.lost:
+            self.lost = True
+            raise StoreUnavailable("Connection lost while receiving response")
+        return reply
+
+
+async def test_a_retried_ack_whose_entry_a_replay_finished_is_its_owners(store: Store) -> None:
+    """Step 1's reply is lost, a reclaim replays the entry, then the caller retries the
+    ack: its step 1 finds neither claim nor entry, and as this QueueOps sent that step it
+    answers acked by the owner; the same ack from another QueueOps (one that never sent
+    it) is a suppressed duplicate, not ours. One record, nothing else left."""
+    with trio.fail_after(20):
+        ops = QueueOps(MoveReplyLost(store), "q", dedup_ttl=DEDUP)
+        now = int(await server_now(store))
+        env, token = await claimed(ops, store, "r1", now + 600)
+        record = TerminalRecord.http("r1", 200, "done")
+        item = ack_item(env, token, "results", record)
+        with pytest.raises(StoreUnavailable):
+            await ops.ack([item])
+        assert (await QueueOps(store, "q", dedup_ttl=DEDUP).reclaim(10)).replayed == 1
+        pushed = {
+            "results": [record.to_json()],
+            **markers(store, ("r1", TOKEN, DEDUP), result_list="results"),
+        }
+        assert await snapshot(store) == pushed
+        assert await QueueOps(store, "q", dedup_ttl=DEDUP).ack([item]) == [(False, False)]
+        assert await ops.ack([item]) == [(True, True)]
+        assert await ops.ack([item]) == [(False, False)]  # answered once: forgotten
+        assert await snapshot(store) == pushed
+
+
 # -- a destination of another type -------------------------------------------------------------
 
 
@@ -655,3 +788,109 @@ async def test_a_consumer_serves_a_cluster_queue_with_one_record_each(
         assert not {k.pending, k.claimed, k.owners, k.index, k.outbox, k.retry_set} & set(state)
         s = consumer.summary
         assert (s.claimed, s.acked, s.retried, s.duplicates_suppressed) == (13, 12, 1, 0)
+
+
+class StalledAck(StoreWrapper):
+    """Holds one call of the first ack across slots until a heartbeat has renewed the
+    claims after step 1 moved them, then fails it with ``StoreUnavailable``: ``"push"``
+    the push step (not sent; the record waits in the outbox), ``"move"`` step 1 itself
+    after it ran (its reply lost; the acker retries the ack)."""
+
+    def __init__(self, inner: Store, where: str) -> None:
+        super().__init__(inner)
+        self.where = where
+        self.stalled = False
+        self.renewed = trio.Event()
+
+    async def _stall(self) -> None:
+        self.stalled = True
+        await self.renewed.wait()
+        if self.where == "move":  # the consumer's reclaimer finishes the entries meanwhile
+
+            async def replayed() -> bool:
+                return int(await self.inner.command("HLEN", "{chat}:outbox")) == 0
+
+            await wait_for(replayed, "the outbox replayed")
+        raise StoreUnavailable("Connection lost while receiving response")
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        reply = await self.inner.run(script, keys, args)
+        if script.name == "ack-outbox" and self.where == "move" and not self.stalled:
+            await self._stall()
+        return reply
+
+    async def run_many(self, script: Script, calls: Sequence[ScriptCall]) -> list[Any]:
+        if script.name == "push-result" and self.where == "push" and not self.stalled:
+            await self._stall()
+        armed = script.name == "renew" and self.stalled
+        reply = await self.inner.run_many(script, calls)
+        if armed:
+            self.renewed.set()
+        return reply
+
+
+@pytest.mark.parametrize("where", ["push", "move"])
+async def test_a_heartbeat_during_an_ack_across_slots_counts_nothing_released(
+    store: Store,
+    redis_cluster: RedisCluster,
+    where: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The result list's primary dies while acks are in flight: a heartbeat renews the
+    claims step 1 has already moved into the outbox (no claim is left to renew), then the
+    push fails (``push``: the records wait in the outbox) or step 1's reply is lost
+    (``move``: the consumer's reclaimer replays the outbox, then the acker retries and
+    finds neither claim nor entry). No claim is "released
+    elsewhere": each is acked once, by its owner; one record each; the outbox and the
+    claim keys end empty."""
+    with trio.fail_after(60):
+        stalled = StalledAck(store, where)
+        producer = Producer(store, "chat", result_list="res")
+        now = int(await server_now(store))
+        ids = [f"g{i}" for i in range(5)]
+        await producer.submit_many([{"id": rid, "deadline": now + 600} for rid in ids])
+        release = trio.Event()
+
+        async def handler(q: Any, env: Envelope, server: float) -> Any:
+            await release.wait()  # all five acked in one batch
+            return Done(TerminalRecord.http(env.id, 200, f"ok {env.id}"))
+
+        config = make_config(
+            redis_cluster.url,
+            queue="chat",
+            mode="cluster",
+            result_queue_name="res",
+            poll_interval_ms=20,
+            claim_lease_ttl_seconds=3,  # a heartbeat each second
+            claim_reclaim_interval_ms=100,
+            metrics_port=0,
+            health_port=0,
+        )
+        consumer = Consumer(config, stalled, handler=handler)
+        k = QueueKeys.for_queue("chat", cluster=True)
+
+        async def all_claimed() -> bool:
+            return int(await store.command("HLEN", k.owners)) == len(ids)
+
+        async def all_recorded() -> bool:
+            state = await snapshot(store)
+            return len(state.get("res", [])) == len(ids) and k.outbox not in state
+
+        with caplog.at_level(logging.WARNING, logger="claimkit"):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+                await wait_for(all_claimed, "every request claimed")
+                release.set()
+                await wait_for(all_recorded, "a record for every request, the outbox empty")
+                consumer.request_stop()
+        assert stalled.renewed.is_set()
+        records = [json.loads(r) for r in await store.command("LRANGE", "res", 0, -1)]
+        assert sorted(r["id"] for r in records) == ids
+        state = await snapshot(store)
+        assert not {k.pending, k.claimed, k.owners, k.index, k.deliveries, k.outbox} & set(state)
+        s = consumer.summary
+        counts = (s.claimed, s.acked, s.duplicates_suppressed, s.released_elsewhere)
+        assert counts == (5, 5, 0, 0)
+        assert (s.taken_over, s.released, s.left_to_lapse, s.redelivered) == (0, 0, 0, 0)
+        warnings = [r.getMessage() for r in caplog.records if r.name == "claimkit"]
+        assert not [m for m in warnings if "released elsewhere" in m or "claim on" in m]

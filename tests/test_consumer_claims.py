@@ -66,6 +66,25 @@ def test_claiming_again_drops_the_earlier_claim_as_released_elsewhere() -> None:
     assert sample(metrics, "async_claim_depth") == 1.0
 
 
+async def test_a_claim_gone_while_its_ack_is_under_way_is_counted_by_the_ack_alone() -> None:
+    """The heartbeat finds no claim for one whose ack is under way (an ack across slots
+    has moved it into the outbox): it leaves the registry, nothing is counted or
+    cancelled, and the ack's answer is its one count."""
+    claims, summary, _metrics = registry()
+    claim = claims.add(envelope("a"), "t", cancelled=False)
+    claims.count_claimed(1)
+    scope = trio.CancelScope()
+    claim.scope = scope
+    claim.acking = True
+    claims.drop_acking(claim)
+    assert (len(claims), claim.ours, scope.cancel_called) == (0, True, False)
+    claims.acked(claim, TerminalRecord.http("a", 200, "{}"), pushed=True)
+    assert summary.line() == (
+        "claimkit: claimed=1 acked=1 retried=0 released=0 duplicates_suppressed=0 "
+        "redelivered=0 dead_lettered=0 taken_over=0 released_elsewhere=0 left_to_lapse=0"
+    )
+
+
 def test_each_outcome_counts_once_in_the_summary_and_the_metrics() -> None:
     claims, summary, metrics = registry()
     a, b, c, d, e, f = (claims.add(envelope(x), "t", cancelled=False) for x in "abcdef")

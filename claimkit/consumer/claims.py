@@ -71,6 +71,7 @@ class Claim:
     cancelled: bool = False  # the claim script found a cancel marker
     scope: trio.CancelScope | None = None  # the work's scope, while it runs
     ours: bool = True  # False once found taken over or released elsewhere: work is moot
+    acking: bool = False  # its ack script call is under way: the ack's answer counts it
 
 
 class HeldClaims:
@@ -154,6 +155,15 @@ class HeldClaims:
         cancel its work."""
         self.summary.released_elsewhere += 1
         self._drop(claim, "released elsewhere (by drain, or a reclaimer after its lease lapsed)")
+
+    def drop_acking(self, claim: Claim) -> None:
+        """The heartbeat found ``claim``, whose ack is under way, no longer held: forget it,
+        count nothing and log nothing. The ack itself took it out of the claim hashes (an
+        ack across slots moves it into the outbox at its first step,
+        docs/topology.md#acks-across-slots), or the claim was taken or handed back
+        meanwhile; either way its work is done, and the ack's answer (:meth:`acked`) is
+        the one count of it, so the exit line adds up to ``claimed``."""
+        self._forget(claim)
 
     def _drop(self, claim: Claim, how: str) -> None:
         claim.ours = False

@@ -173,9 +173,14 @@ class Settler:
                 q.claims.give_up([job.claim for job in jobs], f"{verb} {q.name}: {exc}")
 
     async def _ack(self, q: QueueRuntime, jobs: list[Job]) -> None:
+        """Ack ``jobs`` of one queue, retrying while Redis is unavailable. Their claims are
+        marked ``acking`` first: the heartbeat goes on renewing them meanwhile, but one it
+        finds gone (an ack across slots moves it into the outbox before it answers) is
+        left for this ack's answer to count (:meth:`HeldClaims.drop_acking`)."""
         items = []
         for job in jobs:
             assert job.record is not None
+            job.claim.acking = True
             env = job.claim.env
             items.append(
                 AckItem(

@@ -69,7 +69,9 @@ class Upkeep:
     async def renew(self, q: QueueRuntime) -> None:
         """Renew ``q``'s held claims in one round trip; a claim found taken over (-1) or
         released elsewhere (0) is dropped and its work cancelled: its result would be a
-        duplicate."""
+        duplicate. A claim whose ack is under way is only dropped (its work is done, and
+        the ack counts it): an ack across slots has moved it into the outbox before it
+        answers (docs/topology.md#acks-across-slots), so the renew finds no claim."""
         held = q.claims.all()
         if not held:
             return
@@ -82,7 +84,9 @@ class Upkeep:
         for claim, code in zip(held, codes, strict=True):
             if code == RenewCode.RENEWED or not q.claims.holds(claim):
                 continue
-            if code == RenewCode.TAKEN:
+            if claim.acking:
+                q.claims.drop_acking(claim)
+            elif code == RenewCode.TAKEN:
                 q.claims.drop_taken_over(claim)
             else:
                 q.claims.drop_released_elsewhere(claim)

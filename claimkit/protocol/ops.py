@@ -17,6 +17,7 @@ mover use the queue's own retry set.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -39,6 +40,7 @@ from claimkit.protocol.store_calls import first_wrong_type as first_wrong_type
 from claimkit.protocol.store_calls import move_retries as move_retries
 from claimkit.protocol.tokens import new_token as new_token
 from claimkit.protocol.tokens import token_time as token_time
+from claimkit.store import StoreUnavailable
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
@@ -88,6 +90,10 @@ class AckItem:
 
 ORPHAN_SCAN_COUNT = CHUNK
 """``HSCAN ... COUNT`` of the orphan scan, and the most orphans one reclaim call handles."""
+
+_UNANSWERED_MOVES_MAX = 100_000
+"""Outbox fields :class:`QueueOps` remembers from step-1 calls that raised (each is
+forgotten at the next ack of its item; past this many, those of acks never retried go)."""
 
 _SCAN_CLAIMED, _SCAN_OWNERS = 2, 3  # the KEYS index of the hash lua/reclaim-6.lua scans
 
@@ -171,6 +177,7 @@ class QueueOps:
         self.dedup_ttl = dedup_ttl
         self.lease_ttl = lease_ttl
         self._orphan_scan = _OrphanScan()
+        self._unanswered_moves: set[bytes] = set()  # outbox fields of a step 1 that raised
 
     def result_list_for(self, member_result_list: str | None) -> str:
         """The destination list of a request's record (docs/protocol.md#terminal-record):
@@ -394,10 +401,19 @@ class QueueOps:
         in three steps, each safe to repeat: one fenced script moves them into the
         outbox (``lua/ack-outbox-6.lua``), the push step writes each record under its
         list's markers (:func:`~claimkit.protocol.outbox.push_entries`), then the outbox
-        fields are deleted. If the call fails after the first step the records are not
-        lost: any reclaimer replays the outbox (:meth:`replay_outbox`), and the requests
-        are no longer claimed, so none runs again. (``owned`` of a record an earlier,
-        failed call had already moved is True.)"""
+        fields are deleted. Once the first step has answered, the requests are no longer
+        claimed, so none runs again, and their records wait in the outbox: a push step
+        that finds the list's slot unavailable (``StoreUnavailable``) does not fail the
+        call. Its records answer ``(True, owned)``, acked with the push pending, and any
+        reclaimer's replay pushes them (:meth:`replay_outbox`); a record already there
+        is then suppressed by the replay, not reported here. A call that fails in the
+        first step may have moved some records; an ack retried after it answers
+        "already moved" for them: ``owned`` True, ``pushed`` from its own push step. If a
+        replay has finished such a record's entry before the retry, the retry's first step
+        finds neither claim nor entry; as this object sent that record's first step in a
+        call that raised, it answers ``(True, True)``: acked by its owner (were that call
+        never applied and the claim lost during the outage, this miscounts a suppressed
+        duplicate as acked; the records themselves are right either way)."""
         if self.cluster:
             return await self._ack_cluster(items)
         out: list[tuple[bool, bool]] = []
@@ -437,23 +453,69 @@ class QueueOps:
             finish += await self._ack_local(items, name, indexes, out)
         owned: dict[int, bool] = {}
         for chunk in _chunks(remote):
-            moved = await self._move_to_outbox([items[i] for i in chunk])
-            for i, code in zip(chunk, moved, strict=True):
-                if code == MoveCode.SUPPRESSED:
+            fields = [_keys.outbox_field(items[i].id, items[i].token).encode() for i in chunk]
+            try:
+                moved = await self._move_to_outbox([items[i] for i in chunk])
+            except StoreUnavailable:
+                if len(self._unanswered_moves) > _UNANSWERED_MOVES_MAX:
+                    self._unanswered_moves.clear()
+                self._unanswered_moves.update(fields)
+                raise
+            for i, code, f in zip(chunk, moved, fields, strict=True):
+                unanswered = f in self._unanswered_moves
+                self._unanswered_moves.discard(f)
+                if code == MoveCode.SUPPRESSED and unanswered:
+                    # An earlier call's step 1 moved it (its reply was lost) and a replay
+                    # has finished the entry since: the owner's record, pushed.
+                    out[i] = (True, True)
+                elif code == MoveCode.SUPPRESSED:
                     out[i] = (False, False)
                 else:
                     owned[i] = code != MoveCode.MOVED_WITHDRAWN
                     finish.append((i, self._entry(items[i], items[i].result_list)))
         if finish:
-            if self._after_outbox_step is not None:
-                await self._after_outbox_step(1)
-            done = await self._finish([e for _, e in finish])
+            done = await self._push_after_move([e for _, e in finish])
             for i, e in finish:
                 # Not in `done`: another replayer re-aimed and finished it meanwhile.
+                # `done` is None: the push did not answer; the record waits in the outbox.
                 was = out[i]
                 mine = owned[i] if i in owned else was is not None and was[1]
-                out[i] = (done.get(e.field, False), mine)
+                out[i] = (True if done is None else done.get(e.field, False), mine)
         return [r if r is not None else (False, False) for r in out]
+
+    async def _push_after_move(
+        self, entries: Sequence[_outbox.OutboxEntry]
+    ) -> dict[bytes, bool] | None:
+        """Steps 2 and 3 of an ack whose step 1 has answered: ``field -> pushed`` as
+        :meth:`_finish`, or ``None`` when the push step found the list's slot unavailable.
+
+        Step 1 stands whatever follows: the requests are claimed by nobody and never run
+        again, and each record waits in the outbox until a push or a replay finishes it.
+        So a :class:`~claimkit.store.StoreUnavailable` from step 2 or 3 is not raised: a
+        retried ack could only misreport (its push would find the marker of a push whose
+        reply was lost, or its step 1 the entry a replay had finished meanwhile) and would
+        hold up the caller's other acks for the length of that slot's failover. The
+        reclaimers' replay pushes the records instead (``claimkit reclaim --once`` too).
+        A :class:`~claimkit.store.StoreError` (a fallback list of another type) is raised:
+        it has written nothing and no replay can mend it."""
+        try:
+            if self._after_outbox_step is not None:
+                await self._after_outbox_step(1)
+            assert self.keys.outbox is not None
+            done = await _outbox.push_entries(
+                self.store,
+                self.keys.outbox,
+                entries,
+                fallback=self.fallback_result_list,
+                dedup_ttl=self.dedup_ttl,
+            )
+        except StoreUnavailable:
+            return None
+        if self._after_outbox_step is not None:
+            await self._after_outbox_step(2)
+        with contextlib.suppress(StoreUnavailable):  # the replay drops them (pushing nothing)
+            await _outbox.drop_entries(self.store, self.keys.outbox, list(done))
+        return done
 
     def _entry(self, it: AckItem, result_list: str) -> _outbox.OutboxEntry:
         return _outbox.OutboxEntry(
