@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import trio
@@ -216,7 +216,8 @@ async def test_a_waiting_producer_returns_once_a_replica_has_the_request(
     script_calls._short_since.clear()
     with trio.fail_after(20):
         async with open_store(primary.url) as store:
-            deadline = int(float(call(primary.port, [["TIME"]], 5.0)[0][0])) + 600
+            (now,) = call(primary.port, [["TIME"]], 5.0)
+            deadline = int(cast("list[bytes]", now)[0]) + 600
             producer = Producer(store, "q", wait_replicas=1, wait_timeout_ms=5000)
             token = await producer.submit({"id": "r1", "deadline": deadline})
             assert call(replica.port, [["ZCARD", "q"], ["GET", "request-active:r1"]], 5.0) == [
