@@ -149,7 +149,8 @@ class StandaloneOnly:
     The first call (of any method) first runs ``INFO``; ``cluster_enabled:1`` raises
     :class:`ClusterUnsupported` before that call is sent, and so does every later call; a
     server older than Redis 7.0 raises :class:`ServerTooOld` the same way.
-    A Sentinel (``INFO``'s ``redis_mode:sentinel``) raises :class:`SentinelMismatch`.
+    A Sentinel (``INFO``'s ``redis_mode:sentinel``, Valkey's ``server_mode:sentinel``)
+    raises :class:`SentinelMismatch`.
     When Redis is unreachable the check is tried again on the next call. When ``INFO`` is
     refused (an ACL without ``+info``) claimkit says so once and carries on; a cluster's
     ``MOVED``/``ASK``/``CLUSTERDOWN``/``CROSSSLOT``/``TRYAGAIN`` reply is still refused.
@@ -207,7 +208,7 @@ class StandaloneOnly:
             )
             return
         self._checked = True
-        if info.get("redis_mode") == "sentinel":
+        if "sentinel" in (info.get("redis_mode"), info.get("server_mode")):  # Redis, Valkey
             self._refusal = SentinelMismatch.is_a_sentinel(self.url)
             raise self._refusal
         if info.get("cluster_enabled") == "1":
