@@ -23,7 +23,7 @@ from coredis.pool import ClusterConnectionPool
 from coredis.retry import NoRetryPolicy
 from coredis.typing import Key
 
-from claimkit.store.coredis_store import _NOOP, CoredisStore, _translate, _translated
+from claimkit.store.coredis_store import _NOOP, CoredisStore, _replies, _translate, _translated
 from claimkit.store.interface import Arg, ScriptCall, StoreError, StoreUnavailable, reply_text
 from claimkit.store.script_calls import NO_WAIT, ReplicaWait, run_pipelined
 from claimkit.store.server_checks import NotACluster, SentinelMismatch
@@ -264,13 +264,7 @@ class ClusterStore(CoredisStore):
                 else:
                     slot = found
                 pending.append(request)
-        replies: list[Any] = []
-        for p in pending:
-            try:
-                replies.append(await p)
-            except cx.ResponseError as exc:
-                replies.append(exc)
-        return replies
+        return await _replies(pending)
 
     # -- every primary ------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from claimkit.store.script_calls import NO_WAIT, ReplicaWait, run_pipelined
 from claimkit.store.tls import tls_file_error, tls_problem
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 
     from claimkit.store.scripts import Script
 
@@ -285,13 +285,19 @@ class CoredisStore:
                 pipe.create_request(str(c[0]).upper().encode(), *c[1:], callback=_NOOP)
                 for c in commands
             ]
-        replies: list[Any] = []
-        for p in pending:
-            try:
-                replies.append(await p)
-            except cx.ResponseError as exc:
-                replies.append(exc)
-        return replies
+        return await _replies(pending)
+
+
+async def _replies(pending: Sequence[Awaitable[Any]]) -> list[Any]:
+    """The reply of each request of a pipeline that ran, in order: an error reply as its
+    ``ResponseError`` (for the caller to translate), not raised."""
+    replies: list[Any] = []
+    for p in pending:
+        try:
+            replies.append(await p)
+        except cx.ResponseError as exc:
+            replies.append(exc)
+    return replies
 
 
 @asynccontextmanager
