@@ -276,6 +276,7 @@ def test_the_grace_period_outlasts_drain_and_sweep() -> None:
         + SWEEP_TIMEOUT_SECONDS  # the acks' flush and the sweep share it
         + TEARDOWN_SECONDS
     )
+    # docs/operations.md and deployment.yaml's comment quote these figures: update them too.
     assert (config.drain_timeout_seconds, shutdown_bound) == (30.0, 48.0)
     grace = pod_spec("deployment.yaml")["terminationGracePeriodSeconds"]
     assert grace >= shutdown_bound + MARGIN_SECONDS
