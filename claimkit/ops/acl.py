@@ -87,8 +87,9 @@ _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
     ),
 }
 # With wait_replicas set, every call of a writing script is followed by WAIT
-# (docs/topology.md#failover): the consumer's, and drain's and reclaim's.
-_WAITS = ("consumer", "operator")
+# (docs/topology.md#failover): the consumer's, drain's and reclaim's, and the durable
+# result reader's (results --follow, --pop).
+_WAITS = ("consumer", "producer", "operator")
 # A command a script calls: named in the call, or in a table of commands (the key guard's
 # ``{ zset = 'ZCARD', ... }``).
 _LUA_CALL = re.compile(r"(?:redis\.p?call\(\s*|=\s*)['\"]([A-Z][A-Za-z]+)['\"]")
