@@ -4,10 +4,11 @@
   llm-d-async's ack exactly.
 
   Input:
-    KEYS[1] claimed HASH         L:result-claimed        ({L}:... in the cluster layout)
+    KEYS[1] claimed HASH         L:result-claimed
     KEYS[2] owners HASH          L:result-claim-owners
     KEYS[3] lease index ZSET     L:result-claims-idx
     KEYS[4] tombstones ZSET      L:result-ack-tombstones
+    ({L}:... in the cluster layout)
 
     ARGV[1] claim id
     ARGV[2] owner token (non-empty)

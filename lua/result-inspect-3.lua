@@ -4,8 +4,11 @@
 
   Input:
     KEYS[1] result LIST          L
-    KEYS[2] lease index ZSET     L:result-claims-idx      ({L}:... in the cluster layout)
+    KEYS[2] lease index ZSET     L:result-claims-idx
     KEYS[3] tombstones ZSET      L:result-ack-tombstones
+    ({L}:... in the cluster layout)
+
+    ARGV[] none
 
   Output: { pending (LLEN), leased (ZCARD index), expired (leases <= server now ms),
     tombstones (live: expiry > server now ms) }.

@@ -6,7 +6,8 @@
 
   Input:
     KEYS[1] result LIST          L
-    KEYS[2] claimed HASH         L:result-claimed        ({L}:... in the cluster layout)
+    KEYS[2] claimed HASH         L:result-claimed
+    ({L}:... in the cluster layout)
     KEYS[3] owners HASH          L:result-claim-owners
     KEYS[4] lease index ZSET     L:result-claims-idx
     KEYS[5] tombstones ZSET      L:result-ack-tombstones
@@ -19,7 +20,7 @@
 -- @include _guard-keys
 -- @include _checks
 
-guard_keys('list')
+guard_keys('list', 'hash', 'hash', 'zset', 'zset')
 local count = count_arg(1, 1)
 if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4], KEYS[5]) > 0 then return { 0 } end
 local out = { 1 }

@@ -4,11 +4,11 @@
   entry written is the one theirs would write.
 
   Input:
-    KEYS[1] result LIST          L (publishers LPUSH; the oldest record is the right end)
-    KEYS[2] claimed HASH         L:result-claimed        claim id -> exact record bytes
-    KEYS[3] owners HASH          L:result-claim-owners   claim id -> owner token
-    KEYS[4] lease index ZSET     L:result-claims-idx     claim id scored by lease expiry
-    KEYS[5] tombstones ZSET      L:result-ack-tombstones claim id scored by tombstone expiry
+    KEYS[1] result LIST (LPUSHed; the oldest is the right end)   L
+    KEYS[2] claimed HASH: claim id -> exact record bytes          L:result-claimed
+    KEYS[3] owners HASH: claim id -> owner token                  L:result-claim-owners
+    KEYS[4] lease index ZSET: claim id by lease expiry            L:result-claims-idx
+    KEYS[5] tombstones ZSET: claim id by tombstone expiry         L:result-ack-tombstones
     (cluster layout: {L}:result-claimed etc., all in L's slot)
 
     ARGV[1] owner token (non-empty): written to owners for every record this call claims

@@ -4,8 +4,9 @@
   in one round trip by pipelining one call per record.
 
   Input:
-    KEYS[1] owners HASH          L:result-claim-owners   ({L}:... in the cluster layout)
+    KEYS[1] owners HASH          L:result-claim-owners
     KEYS[2] lease index ZSET     L:result-claims-idx
+    ({L}:... in the cluster layout)
 
     ARGV[1] claim id
     ARGV[2] owner token (non-empty)
