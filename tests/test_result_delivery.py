@@ -405,3 +405,34 @@ async def test_the_calls_pass_the_keys_each_script_header_documents(store: Store
                 p.replace("L", L, 1) for _, p in sorted(header_keys(script(name).source).items())
             ]
             assert keys == documented, name
+
+
+def test_inspect_shows_the_durable_readers_of_the_result_list(redis_url: str) -> None:
+    from support import config_json, do, invoke
+
+    transport = config_json(redis_url, queue="q", result_queue_name=L)
+    plain = invoke(["inspect", "-q", "q", "--transport-config", transport])
+    assert plain.exit_code == 0, plain.output
+    assert "tombstones" not in plain.stdout  # nobody reads it durably: no line
+    do(
+        redis_url,
+        ("LPUSH", L, rec("p1"), rec("p2")),
+        ("HSET", K.owners, "a", "o", "b", "o"),
+        ("ZADD", K.index, 1, "a", 9_999_999_999_999, "b"),
+        ("ZADD", K.tombstones, 9_999_999_999_999, "t1", 1, "old"),
+    )
+    shown = invoke(["inspect", "-q", "q", "--transport-config", transport])
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.splitlines()[-1] == (
+        "result list results: pending 2, leased 2 (1 past their lease), tombstones 1"
+    )
+    doc = json.loads(
+        invoke(["inspect", "-q", "q", "--json", "--transport-config", transport]).stdout
+    )
+    assert doc["result_readers"] == {
+        "list": L,
+        "pending": 2,
+        "leased": 2,
+        "expired": 1,
+        "tombstones": 1,
+    }

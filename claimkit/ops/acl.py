@@ -60,7 +60,14 @@ _RESULT_SCRIPTS = ("result-receive", "result-renew", "result-ack", "result-pop")
 _SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple("claim ack renew release reclaim park move-retries dead-letter".split()),
     "producer": _RESULT_SCRIPTS,
-    "operator": ("inspect", "release", "reclaim", "requeue-dead", *_RESULT_SCRIPTS),
+    "operator": (
+        "inspect",
+        "release",
+        "reclaim",
+        "requeue-dead",
+        "result-inspect",
+        *_RESULT_SCRIPTS,
+    ),
 }
 # On a Redis Cluster (docs/topology.md#cluster-key-layout) every client reads the
 # cluster's slot map (CLUSTER SLOTS) and follows an ASK redirect (ASKING) while a slot
@@ -83,6 +90,7 @@ _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
     "producer": _RESULT_SCRIPTS,
     "operator": (
         *"inspect release reclaim-cluster push-result outbox-aim requeue-dead drop-markers".split(),
+        "result-inspect",
         *_RESULT_SCRIPTS,
     ),
 }

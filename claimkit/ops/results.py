@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from claimkit.protocol.result_delivery import ResultOwnershipLost
+from claimkit.protocol.result_delivery import ResultClaims, ResultListCounts, ResultOwnershipLost
 from claimkit.protocol.result_delivery import read_results as read_results
 from claimkit.result_reader import DEFAULT_LEASE_SECONDS, DEFAULT_POLL_SECONDS, open_result_reader
 from claimkit.store import StoreUnavailable
@@ -30,6 +30,8 @@ __all__ = [
     "FOLLOW_RETRY_MAX",
     "follow_results",
     "read_results",
+    "reader_counts",
+    "reader_line",
     "run_command",
 ]
 
@@ -154,3 +156,28 @@ async def run_command(command: str, raw: bytes) -> int:
     """
     done = await trio.run_process(command, shell=True, stdin=raw, check=False)
     return done.returncode
+
+
+async def reader_counts(store: Store, name: str) -> ResultListCounts | None:
+    """The durable-reader state of the list ``name`` (docs/results.md#keys), in one instant,
+    or ``None`` when it has none (no lease, no tombstone: nobody reads it durably).
+
+    Raises:
+        ValueError: on a Redis Cluster, a list name whose keys cannot share its slot.
+        StoreError: one of its keys holds another type; StoreUnavailable.
+
+    Cancellation: nothing is written.
+    """
+    counts = await ResultClaims(store, name).counts()
+    if counts.leased == 0 and counts.tombstones == 0:
+        return None
+    return counts
+
+
+def reader_line(name: str, counts: ResultListCounts) -> str:
+    """``claimkit inspect``'s one line about a durably read list: ``result list L: pending
+    N, leased M (K past their lease), tombstones T``."""
+    return (
+        f"result list {name}: pending {counts.pending}, leased {counts.leased} "
+        f"({counts.expired} past their lease), tombstones {counts.tombstones}"
+    )
