@@ -739,6 +739,9 @@ def test_the_operator_rule_is_enough_on_every_node(
     assert sorted(popped) == ["c1", "o1", "x1"]
     after = keyspace(redis_cluster)
     assert [name for name, _ in after.pop(m.expiry)] == [b"o1"]
+    # results --follow acked what it printed: one tombstone each, in the list's slot.
+    tombstones = ResultClaimKeys.for_list(results, cluster=True).tombstones
+    assert sorted(name for name, _ in after.pop(tombstones)) == [b"c1", b"o1", b"x1"]
     assert after == {
         queue: sorted(
             [

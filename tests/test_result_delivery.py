@@ -29,7 +29,7 @@ from claimkit.protocol.result_delivery import (
 from claimkit.result_reader import open_result_reader
 
 if TYPE_CHECKING:
-    from claimkit.store import Store
+    from claimkit.store import Arg, Store
 
 L = "results"
 K = ResultClaimKeys.for_list(L)
@@ -314,12 +314,13 @@ async def test_a_pop_is_refused_while_durable_readers_have_state(store: Store) -
     producer = Producer(store, "q", result_list=L)
     await store.command("LPUSH", L, rec("r1"), rec("r2"))
     assert await producer.results(1, pop=True) == [TerminalRecord.http("r1", 200, "{}")]
-    for key, seed in [
+    seeds: list[tuple[str, list[Arg]]] = [
         (K.claimed, ["HSET", K.claimed, "x", "y"]),
         (K.owners, ["HSET", K.owners, "x", "y"]),
         (K.index, ["ZADD", K.index, 1, "x"]),
         (K.tombstones, ["ZADD", K.tombstones, 1, "x"]),
-    ]:
+    ]
+    for key, seed in seeds:
         await store.command(*seed)
         with pytest.raises(ResultPopRefused, match="has durable readers"):
             await producer.results(10, pop=True)

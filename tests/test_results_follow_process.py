@@ -124,9 +124,8 @@ def test_three_readers_one_killed_every_record_acked_once(
 
     def all_acked() -> bool:
         readers.alive("a", "c")
-        return do(redis_url, ("ZCARD", K.tombstones))[0] == N and (
-            do(redis_url, ("HLEN", K.claimed))[0] == 1
-        )
+        tombstones, claimed = do(redis_url, ("ZCARD", K.tombstones), ("HLEN", K.claimed))
+        return bool(tombstones == N and claimed == 1)
 
     wait_until("every record to be acked", all_acked, 120)
 
@@ -184,7 +183,7 @@ def test_a_failed_exec_is_not_acked_and_comes_back(
 
     def acked() -> bool:
         readers.alive("a")
-        return do(redis_url, ("ZRANGE", K.tombstones, 0, -1))[0] == [b"r1"]
+        return bool(do(redis_url, ("ZRANGE", K.tombstones, 0, -1))[0] == [b"r1"])
 
     wait_until("the record to come back and be acked", acked, 30)
     assert readers.lines("a") == [record(1).decode()]
