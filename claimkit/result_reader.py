@@ -91,14 +91,21 @@ async def open_result_reader(
         batch=batch,
         on_renew_error=on_renew_error,
     )
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(reader._renew_forever)
-        reader._state = _State.OPEN
-        try:
-            yield reader
-        finally:
-            reader._state = _State.CLOSED
-            nursery.cancel_scope.cancel()
+    # The renewals run in a nursery, which wraps anything raised in the block in an
+    # ExceptionGroup. That group is an implementation detail: a lone error is unwrapped.
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader._renew_forever)
+            reader._state = _State.OPEN
+            try:
+                yield reader
+            finally:
+                reader._state = _State.CLOSED
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
+            raise group.exceptions[0] from None
+        raise
 
 
 class ResultReader:

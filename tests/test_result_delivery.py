@@ -27,6 +27,7 @@ from claimkit.protocol.result_delivery import (
     unparsable_reason,
 )
 from claimkit.result_reader import open_result_reader
+from claimkit.store import StoreError
 
 if TYPE_CHECKING:
     from claimkit.store import Arg, Store
@@ -437,3 +438,19 @@ def test_inspect_shows_the_durable_readers_of_the_result_list(redis_url: str) ->
         "expired": 1,
         "tombstones": 1,
     }
+
+
+async def test_an_error_in_the_reader_block_comes_out_unwrapped(store: Store) -> None:
+    async def fails(reader_error: type[BaseException]) -> None:
+        async with open_result_reader(store, L) as reader:
+            if reader_error is KeyError:
+                raise KeyError("mine")
+            await reader.receive()
+
+    with trio.fail_after(10):
+        with pytest.raises(KeyError, match="mine"):
+            await fails(KeyError)
+        await store.command("SET", K.claimed, "a string")  # a key of the wrong type
+        with pytest.raises(StoreError, match="wrong kind of value"):
+            await fails(StoreError)
+        assert await store.command("GET", K.claimed) == b"a string"
