@@ -296,3 +296,27 @@ def test_the_consumer_dead_letters_a_request_whose_list_cannot_be_used_on_a_clus
     assert reserved_destination("x}y", frozenset()) is None
     assert reserved_destination("{t}:x}y", frozenset(), cluster=True) is None
     assert reserved_destination(None, frozenset(), cluster=True) is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "results:result-claimed",
+        "results:result-claim-owners",
+        "results:result-claims-idx",
+        "results:result-ack-tombstones",
+        "{results}:result-terminal",
+        "{results}:result-terminal-expiry",
+    ],
+)
+def test_a_key_kept_beside_a_result_list_is_not_a_destination(name: str) -> None:
+    """A member must not send its record onto a durable reader's key or a cluster marker
+    key of some list: the LPUSH would meet a hash or a sorted set (or re-create it as a
+    list while it is empty)."""
+    from claimkit.protocol.routing import reserved_destination
+
+    assert reserved_destination(name, frozenset()) == (
+        f"Failed: internal.result_queue_name names a key claimkit uses: {name!r}"
+    )
+    # A list whose own name merely contains the words is still a list.
+    assert reserved_destination(name + "-archive", frozenset()) is None

@@ -384,11 +384,26 @@ def reserved_keys(
     return frozenset(out)
 
 
+_PER_LIST_SUFFIXES = (
+    RESULT_TERMINAL_HASH_SUFFIX,
+    RESULT_TERMINAL_EXPIRY_SUFFIX,
+    RESULT_CLAIMED_SUFFIX,
+    RESULT_CLAIM_OWNERS_SUFFIX,
+    RESULT_CLAIMS_INDEX_SUFFIX,
+    RESULT_ACK_TOMBSTONES_SUFFIX,
+)
+"""The suffixes of the keys kept beside a result list (its dedup markers in the cluster
+layout, its durable readers' keys): a name ending in one is never itself a result list."""
+
+
 def is_reserved(name: str, reserved: frozenset[str]) -> bool:
-    """Whether ``name`` is a key of ``reserved`` or a per-request key (``result-terminal:``,
-    ``request-active:``, ``request-cancel:``)."""
-    return name in reserved or name.startswith(
-        (RESULT_TERMINAL_PREFIX, REQUEST_ACTIVE_PREFIX, REQUEST_CANCEL_PREFIX)
+    """Whether ``name`` is a key of ``reserved``, a per-request key (``result-terminal:``,
+    ``request-active:``, ``request-cancel:``) or a key kept beside a result list (a name
+    ending ``:result-claimed``, ``:result-ack-tombstones``, ... docs/results.md#keys)."""
+    return (
+        name in reserved
+        or name.startswith((RESULT_TERMINAL_PREFIX, REQUEST_ACTIVE_PREFIX, REQUEST_CANCEL_PREFIX))
+        or name.endswith(_PER_LIST_SUFFIXES)
     )
 
 
