@@ -9,7 +9,7 @@ stops peeking and claiming (work in flight carries on, held claims are still ren
 ``/readyz`` answers 503 ``gateway unreachable: <queue>`` and
 ``async_gateway_breaker_open`` is 1. The poller then probes the gateway with a bare
 connection (TCP, and the TLS handshake for ``https``; nothing is sent), 0.5 s after the
-opening, then doubling to every 10 s. The first probe that connects, or any attempt that
+opening, then doubling to every 5 s. The first probe that connects, or any attempt that
 reached the gateway meanwhile (any HTTP status, or a request sent and not answered),
 **closes** it: one INFO line, and claiming resumes.
 
@@ -54,7 +54,7 @@ configurable: a hand-back costs nothing but a claim, so a low fixed count is saf
 PROBE_FIRST_SECONDS = 0.5
 """Seconds from the opening to the first probe; each failed probe doubles the wait."""
 
-PROBE_MAX_SECONDS = 10.0
+PROBE_MAX_SECONDS = 5.0
 """The longest wait between two probes, in seconds."""
 
 PROBE_TIMEOUT_SECONDS = 5.0
