@@ -108,7 +108,8 @@ class Consumer:
         on_settled: called (synchronously, from the acker) once per request whose outcome
             was written: ``(envelope, record)`` after its ack script ran (``record`` is what
             was acked; a suppressed duplicate too), ``(envelope, None)`` after it was parked
-            for retry. For benchmarks and embedding; it must not block or raise.
+            for retry. A claim handed back because the gateway could not be reached is no
+            outcome and is not reported. For benchmarks and embedding; it must not block or raise.
         ops_factory: builds each queue's protocol layer (:data:`OpsFactory`); default a
             :class:`~claimkit.protocol.ops.QueueOps` on ``store``. The consumer reaches Redis
             only through these objects (the retry mover and the key-type check through the
