@@ -37,6 +37,7 @@ from claimkit.consumer.consumer import OpsFactory as OpsFactory
 from claimkit.consumer.dispatch import Done as Done
 from claimkit.consumer.dispatch import Outcome as Outcome
 from claimkit.consumer.dispatch import Retry as Retry
+from claimkit.consumer.dispatch import Unsent as Unsent
 from claimkit.consumer.http import HttpClient as HttpClient
 from claimkit.consumer.metrics import Metrics as Metrics
 from claimkit.consumer.poll import Handler as Handler
@@ -111,6 +112,7 @@ __all__ = [
     "StoreUnavailable",
     "Summary",
     "TerminalRecord",
+    "Unsent",
     "WrongKeyType",
     "load_config",
     "open_store",

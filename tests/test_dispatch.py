@@ -24,6 +24,7 @@ from claimkit.consumer.dispatch import (
     Done,
     Retry,
     Target,
+    Unsent,
     backoff_delay,
     build_headers,
     build_url,
@@ -486,7 +487,9 @@ async def test_deadline_passed_sends_nothing(
 # -- no response ---------------------------------------------------------------------------
 
 
-async def test_connection_refused_is_inference_error(client: HttpClient) -> None:
+async def test_connection_refused_sends_nothing_and_writes_no_record(client: HttpClient) -> None:
+    """Not sent: handed back, no record (the other kinds of "not sent" and the breaker:
+    tests/test_breaker.py)."""
     port = closed_port()
     with trio.fail_after(TIMEOUT):
         out = await dispatch(
@@ -496,27 +499,7 @@ async def test_connection_refused_is_inference_error(client: HttpClient) -> None
             request_timeout=5,
             now=time.time(),
         )
-    message = f"{PREFIX}all attempts to connect to 127.0.0.1:{port} failed (Connection refused)"
-    assert out == Done(
-        TerminalRecord(
-            id="req-1",
-            payload=json.dumps({"error": message}, separators=(",", ":")),
-            error_code="INFERENCE_ERROR",
-            error_message=message,
-        )
-    )
-    assert (
-        out.record.to_json()
-        == json.dumps(
-            {
-                "id": "req-1",
-                "payload": json.dumps({"error": message}, separators=(",", ":")),
-                "error_code": "INFERENCE_ERROR",
-                "error_message": message,
-            },
-            separators=(",", ":"),
-        ).encode()
-    )
+    assert out == Unsent(f"all attempts to connect to 127.0.0.1:{port} failed (Connection refused)")
 
 
 async def test_hang_times_out_as_inference_error(nursery: trio.Nursery, client: HttpClient) -> None:

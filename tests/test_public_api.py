@@ -48,6 +48,7 @@ def test_exported_names() -> None:
         "StoreUnavailable",
         "Summary",
         "TerminalRecord",
+        "Unsent",
         "WrongKeyType",
         "load_config",
         "open_store",

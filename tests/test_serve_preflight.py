@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -271,12 +272,23 @@ def test_serve_process_exits_1_when_a_key_turns_wrong_while_running(
     serve started: exit status 1, the one line last on stderr, the request back in pending
     at its score (run once, not once per lease)."""
 
+    async def hang_up(stream: trio.SocketStream) -> None:
+        """A gateway that reads the request and closes the connection: INFERENCE_ERROR (a
+        gateway that refuses connections would get no record at all)."""
+        async with stream:
+            received = b""
+            while b"\r\n\r\n" not in received and (chunk := await stream.receive_some()):
+                received += chunk
+
     async def main() -> None:
         from claimkit.store import open_store
 
-        async with open_store(redis_url) as store:
+        async with open_store(redis_url) as store, trio.open_nursery() as gateway:
+            listeners = await gateway.start(partial(trio.serve_tcp, hang_up, 0, host="127.0.0.1"))
+            url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
             log = tmp_path / "serve.log"
             doc = config_doc(**with_result_list())
+            doc["queues"][0]["igw_base_url"] = url
             with log.open("w") as err:
                 proc = subprocess.Popen(
                     [CLAIMKIT, "serve", "--transport-config", json.dumps(doc)],
@@ -310,6 +322,7 @@ def test_serve_process_exits_1_when_a_key_turns_wrong_while_running(
             assert score == due  # back at its original score
             assert state == {"claimed": 0, "owners": 0, "index": 0, "deliveries": 0}
             assert await store.command("GET", RL) == b"oops"
+            gateway.cancel_scope.cancel()
 
     due = deadline()
     trio.run(main)

@@ -200,6 +200,16 @@ class HeldClaims:
             self.summary.retried += 1
             self.metrics.retries.inc()
 
+    def handed_back(self, claim: Claim, *, released: bool) -> None:
+        """A release script ran for ``claim``, whose attempt could not reach the gateway
+        (docs/dispatch.md#the-gateway-is-unreachable): ``released`` False means it was not
+        ours any more. A hand-back is not a delivery nor a retry; it counts as released
+        and in ``async_gateway_unsent_total``."""
+        self._forget(claim)
+        if released:
+            self.summary.released += 1
+            self.metrics.gateway_unsent.inc()
+
     def give_up(self, claims: Sequence[Claim], why: str) -> None:
         """Drop claims Redis refused to settle, counted in ``left_to_lapse``: their leases
         lapse and any instance's reclaimer redelivers them. Logs ``why``."""

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from claimkit.config import ConfigError
+from claimkit.consumer.breaker import GatewayBreaker
 from claimkit.consumer.claims import HeldClaims, Summary
 from claimkit.consumer.dispatch import Outcome, Target, dispatch, open_http_client
 from claimkit.consumer.gates import make_gate
@@ -107,7 +108,8 @@ class Consumer:
         on_settled: called (synchronously, from the acker) once per request whose outcome
             was written: ``(envelope, record)`` after its ack script ran (``record`` is what
             was acked; a suppressed duplicate too), ``(envelope, None)`` after it was parked
-            for retry. For benchmarks and embedding; it must not block or raise.
+            for retry. A claim handed back because the gateway could not be reached is no
+            outcome and is not reported. For benchmarks and embedding; it must not block or raise.
         ops_factory: builds each queue's protocol layer (:data:`OpsFactory`); default a
             :class:`~claimkit.protocol.ops.QueueOps` on ``store``. The consumer reaches Redis
             only through these objects (the retry mover and the key-type check through the
@@ -186,6 +188,7 @@ class Consumer:
             target=Target(q.igw_base_url, q.request_path_url, q.inference_objective),
             metrics=metrics,
             claims=HeldClaims(q.queue_name, self.summary, metrics),
+            breaker=GatewayBreaker(q.queue_name, q.igw_base_url, metrics),
         )
 
     # -- public ------------------------------------------------------------------------------
@@ -198,10 +201,17 @@ class Consumer:
         self._stop.set()
 
     def ready(self) -> tuple[bool, str]:
-        """For ``/readyz``: ready while Redis answers and no shutdown has begun."""
+        """For ``/readyz``: ready while Redis answers, no shutdown has begun and no queue's
+        gateway breaker is open (``gateway unreachable: <queue>[, <queue>...]``,
+        docs/metrics.md#endpoints). Called from the health server's thread."""
         if self._phase is not _Phase.RUNNING:
             return False, "shutting down"
-        return (True, "ok") if self._health.ok else (False, "redis unavailable")
+        if not self._health.ok:
+            return False, "redis unavailable"
+        broken = [q.name for q in self.queues if q.breaker.is_open]
+        if broken:
+            return False, "gateway unreachable: " + ", ".join(broken)
+        return True, "ok"
 
     def held_count(self) -> int:
         """Claims held now, over every queue."""

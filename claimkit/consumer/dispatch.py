@@ -6,6 +6,8 @@ happen next:
 
 - :class:`Done` — a terminal record is ready; the caller acks it (docs/protocol.md#ack).
 - :class:`Retry` — park the request for ``delay`` seconds (docs/protocol.md#park-for-retry).
+- :class:`Unsent` — the gateway was not reached, nothing was sent: hand the claim back to
+  pending (docs/dispatch.md#the-gateway-is-unreachable).
 
 The rules, all from docs/dispatch.md:
 
@@ -14,9 +16,11 @@ The rules, all from docs/dispatch.md:
   (a ``POST`` must not turn into a ``GET``): a 3xx response is the record.
 - Timeout per attempt: ``min(request_timeout, seconds to deadline)``. When that is not
   positive the request is not sent: the record is ``DEADLINE_EXCEEDED``.
-- No response (connect error, ``request_timeout`` passed, any transport failure) →
-  ``INFERENCE_ERROR``, not retried; a request once written is never sent again (see
-  :mod:`._http`). 429, 5xx, or a body that fails to read → retry. Anything else (other
+- Not sent (DNS failure, connection refused, connect timeout, TLS handshake failure: no
+  byte of the request can have reached the gateway) → :class:`Unsent`, no record.
+- No response after sending (``request_timeout`` passed, the connection closed or reset,
+  malformed HTTP) → ``INFERENCE_ERROR``, not retried; a request once written is never sent
+  again (see :mod:`.http`). 429, 5xx, or a body that fails to read → retry. Anything else (other
   4xx, 2xx, 3xx) → a record with that status and the exact body text.
 - An attempt cut short by the deadline (its timeout was the time to the deadline, not
   ``request_timeout``) is the deadline ending the request, not a gateway fault: the record
@@ -61,6 +65,7 @@ __all__ = [
     "Outcome",
     "Retry",
     "Target",
+    "Unsent",
     "backoff_delay",
     "build_headers",
     "build_url",
@@ -79,6 +84,8 @@ _MAX_BACKOFF = 60.0
 _BACKSTOP_SECONDS = 1.0
 _INFERENCE_ERROR_PREFIX = "Failed to send request to inference: "
 _TIMEOUTS = (_http.ConnectTimeout, _http.PoolTimeout, _http.WriteTimeout, _http.ReadTimeout)
+# Failures before any byte of the request was written: the gateway was not reached.
+_UNSENT = (_http.ConnectError, _http.ConnectTimeout)
 _RETRY_AFTER_SECONDS = re.compile(r"\d+(?:\.\d+)?")
 _default_rng = random.Random()
 _log = logging.getLogger("claimkit.dispatch")
@@ -131,7 +138,24 @@ class Retry:
     last: TerminalRecord | None
 
 
-Outcome: TypeAlias = Done | Retry
+@dataclass(frozen=True, slots=True)
+class Unsent:
+    """Not sent: the attempt failed before any byte of the request could reach the gateway
+    (DNS failure, connection refused, connect timeout, TLS handshake failure), with time
+    left before the deadline. No record: the caller hands the claim back to pending at its
+    own score, which is not a delivery nor a retry, and counts the failure towards the
+    queue's gateway breaker (docs/dispatch.md#the-gateway-is-unreachable).
+
+    Attributes:
+        reason: why the connection failed, e.g. ``all attempts to connect to
+            127.0.0.1:8000 failed (Connection refused)``; names the host and port, never
+            the URL's user info.
+    """
+
+    reason: str
+
+
+Outcome: TypeAlias = Done | Retry | Unsent
 
 
 def build_url(base_url: str, path: str) -> str:
@@ -286,6 +310,22 @@ def _deadline_ends(env: Envelope, last: TerminalRecord | None) -> Done:
     return Done(deadline_record(env, last))
 
 
+def _no_response(
+    env: Envelope, error: _http.HttpError | None, timeout: float, *, deadline_cuts: bool
+) -> Outcome:
+    """The outcome of an attempt that got no response head: ``error`` is the client's, or
+    ``None`` when the backstop ran out (the request went out, no answer came)."""
+    if deadline_cuts and (error is None or isinstance(error, _TIMEOUTS)):
+        return _deadline_ends(env, None)
+    if error is None:
+        return _inference_error(
+            env, f"no response within {_format_seconds(timeout)}", unanswered=True
+        )
+    if isinstance(error, _UNSENT):
+        return Unsent(_describe(error))
+    return _inference_error(env, _describe(error), unanswered=isinstance(error, _http.NoResponse))
+
+
 async def dispatch(
     client: _http.HttpClient,
     env: Envelope,
@@ -310,8 +350,10 @@ async def dispatch(
         :class:`Done` with the terminal record: the HTTP status and exact body text of a
         final response; ``DEADLINE_EXCEEDED`` if no time was left to send (nothing is
         sent then); ``INFERENCE_ERROR`` with message ``Failed to send request to
-        inference: <reason>`` when no response was had (connect failure, ``request_timeout``
-        passed, transport error, or a request the client refuses to build). When the
+        inference: <reason>`` when the request was sent and no response was had
+        (``request_timeout`` passed, transport error), or the client refuses to build it.
+        :class:`Unsent` when the connection could not be opened (DNS, refused, connect
+        timeout, TLS handshake) and the deadline did not cut the attempt short. When the
         deadline, not ``request_timeout``, cut the attempt short, the deadline ended it:
         the record is the last HTTP response (this attempt's or ``env.last_response``),
         else ``DEADLINE_EXCEEDED``. Or :class:`Retry` for 429, 5xx and unreadable bodies —
@@ -345,8 +387,7 @@ async def dispatch(
     body: str | None = None
     retry_after: str | None = None
     failure = ""
-    timed_out = True  # unless the client says otherwise: the backstop below ran out
-    unanswered = False
+    error: _http.HttpError | None = None  # stays None when the backstop below ran out
     # The client bounds every phase, a body trickling in forever included, by one deadline
     # and says which phase ran out; this scope is only a backstop a little later.
     with trio.move_on_after(timeout + _BACKSTOP_SECONDS):
@@ -359,21 +400,14 @@ async def dispatch(
             retry_after = _http._header(exc.headers, "retry-after")
             failure = _describe(exc)
         except _http.HttpError as exc:
-            failure = _describe(exc)
-            timed_out = isinstance(exc, _TIMEOUTS)
-            unanswered = isinstance(exc, _http.NoResponse)
+            error = exc
         else:
             status = response.status
             retry_after = response.header("retry-after")
             body = response.text
 
     if status is None:
-        if timed_out and deadline_cuts:
-            return _deadline_ends(env, None)
-        if not failure:  # the backstop ran out: the request went out, no answer came
-            reason = f"no response within {_format_seconds(timeout)}"
-            return _inference_error(env, reason, unanswered=True)
-        return _inference_error(env, failure, unanswered=unanswered)
+        return _no_response(env, error, timeout, deadline_cuts=deadline_cuts)
 
     last: TerminalRecord | None = None
     if body is not None:

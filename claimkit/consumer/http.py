@@ -16,6 +16,11 @@ Behaviour:
 - **Server closed an idle connection.** Before reuse, an idle connection that has become
   readable (the server sent EOF or stray bytes) is thrown away unused, and the request
   goes on the next idle connection or a fresh one: nothing of it was written yet.
+- **Connecting.** A new connection is opened whole before anything is written: the name
+  resolved, TCP connected, and for ``https`` the TLS handshake done (trio would otherwise
+  defer it to the first write). So :class:`ConnectError` and :class:`ConnectTimeout` mean
+  that no byte of the request reached the gateway; the consumer hands such a request back
+  instead of ending it (docs/dispatch.md, "The gateway is unreachable").
 - **Never sent twice.** Once any byte of a request is written, a failure is final
   (:class:`NoResponse`), even on a reused connection that died before any response byte:
   the server may have read the whole request and be running it (a gateway that drops the
@@ -37,6 +42,8 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import socket
+import ssl
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,6 +70,7 @@ __all__ = [
     "RemoteProtocolError",
     "Response",
     "WriteTimeout",
+    "probe",
 ]
 
 _RECEIVE_BYTES = 65536
@@ -91,11 +99,13 @@ class InvalidURL(HttpError):
 
 
 class ConnectError(HttpError):
-    """The connection could not be opened."""
+    """The connection could not be opened (DNS failure, connection refused or unreachable,
+    TLS handshake failure): nothing of the request was sent."""
 
 
 class ConnectTimeout(HttpError):
-    """The deadline passed while connecting."""
+    """The deadline passed while connecting (TCP or the TLS handshake): nothing of the
+    request was sent."""
 
 
 class PoolTimeout(HttpError):
@@ -400,15 +410,7 @@ class HttpClient:
 
     async def _connect(self, origin: _Origin, deadline: float, timeout: float) -> _Conn:
         with trio.move_on_at(deadline):
-            try:
-                if origin.scheme == "https":
-                    stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
-                        origin.host, origin.port, https_compatible=True
-                    )
-                else:
-                    stream = await trio.open_tcp_stream(origin.host, origin.port)
-            except OSError as exc:
-                raise ConnectError(str(exc) or type(exc).__name__) from exc
+            stream = await _open_stream(origin)
             self.connections_opened += 1
             return _Conn(origin, stream)
         raise ConnectTimeout(f"timed out connecting after {_seconds(timeout)}")
@@ -509,6 +511,71 @@ class HttpClient:
                 raise RemoteProtocolError("server closed the connection mid-response")
             assert not isinstance(event, type)
             return event
+
+
+async def _open_stream(origin: _Origin) -> trio.abc.Stream:
+    """A connection to ``origin``: TCP, and for ``https`` the whole TLS handshake.
+
+    trio would defer the handshake to the first write; it is done here so that a failed
+    handshake, like a refused connection or a name that does not resolve, is a
+    :class:`ConnectError` raised before any byte of a request is written (docs/dispatch.md,
+    "The gateway is unreachable").
+
+    Raises:
+        ConnectError: DNS failure, connection refused or unreachable, TLS handshake failure
+            (a certificate that does not verify included).
+
+    Cancellation: a half-open connection is closed; nothing was sent.
+    """
+    try:
+        tcp = await trio.open_tcp_stream(origin.host, origin.port)
+    except socket.gaierror as exc:
+        raise ConnectError(f"cannot resolve {origin.host}: {exc.strerror or exc}") from exc
+    except OSError as exc:
+        raise ConnectError(str(exc) or type(exc).__name__) from exc
+    if origin.scheme != "https":
+        return tcp
+    # The context trio.open_ssl_over_tcp_stream would make: the system's certificate store.
+    tls = trio.SSLStream(
+        tcp, ssl.create_default_context(), server_hostname=origin.host, https_compatible=True
+    )
+    try:
+        await tls.do_handshake()
+    except trio.BrokenResourceError as exc:
+        failure = f"TLS handshake with {origin.host}:{origin.port} failed: {exc.__cause__ or exc}"
+    except BaseException:
+        await trio.aclose_forcefully(tcp)
+        raise
+    else:
+        return tls
+    await trio.aclose_forcefully(tcp)
+    # Raised outside the except block, so the SSL error (whose errno is no OS reason) is
+    # not taken for the cause of the failure.
+    raise ConnectError(failure)
+
+
+async def probe(url: str, timeout: float) -> None:
+    """Open a connection to ``url``'s host and port as a request would (TCP, and the TLS
+    handshake for ``https``), then close it; nothing is sent. The gateway breaker's probe
+    (docs/dispatch.md, "The gateway is unreachable").
+
+    Args:
+        url: an ``http://`` or ``https://`` URL; only its scheme, host and port are used.
+        timeout: seconds the connection may take.
+
+    Raises:
+        InvalidURL: the URL cannot be requested.
+        ConnectError: the connection could not be opened (DNS, refused, TLS).
+        ConnectTimeout: it did not open within ``timeout`` seconds.
+
+    Cancellation: a half-open connection is closed.
+    """
+    origin, _target = _split(url)
+    with trio.move_on_after(max(timeout, 0.0)):
+        stream = await _open_stream(origin)
+        await trio.aclose_forcefully(stream)
+        return
+    raise ConnectTimeout(f"timed out connecting after {_seconds(timeout)}")
 
 
 class _EOFBeforeResponse(Exception):

@@ -40,6 +40,8 @@ class QueueMetrics:
     backlog: Gauge
     dead_lettered: Counter
     gateway_no_response: Counter
+    gateway_unsent: Counter
+    gateway_breaker_open: Gauge
 
 
 class Metrics:
@@ -90,6 +92,16 @@ class Metrics:
             "Requests written to the gateway that got no response (connection closed or reset,"
             " or request_timeout passed): INFERENCE_ERROR, never re-sent",
         )
+        self.gateway_unsent = counter(
+            "async_gateway_unsent",
+            "Attempts that could not reach the gateway (DNS, connection refused, connect"
+            " timeout, TLS handshake): nothing was sent, the claim was handed back to pending",
+        )
+        self.gateway_breaker_open = gauge(
+            "async_gateway_breaker_open",
+            "1 while this queue's gateway breaker is open (claiming paused until the gateway"
+            " answers a probe), else 0",
+        )
 
     def for_queue(self, queue: QueueConfig) -> QueueMetrics:
         labels = (queue.queue_id, queue.queue_name, queue.labels.get("pool_name", ""))
@@ -108,4 +120,6 @@ class Metrics:
             backlog=self.backlog.labels(*labels),
             dead_lettered=self.dead_lettered.labels(*labels),
             gateway_no_response=self.gateway_no_response.labels(*labels),
+            gateway_unsent=self.gateway_unsent.labels(*labels),
+            gateway_breaker_open=self.gateway_breaker_open.labels(*labels),
         )

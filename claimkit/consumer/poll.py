@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from claimkit.consumer.dispatch import Done, Outcome, Retry
+from claimkit.consumer.dispatch import Done, Outcome, Retry, Unsent
 from claimkit.consumer.gates import GateError
 from claimkit.consumer.settle import Job
 from claimkit.protocol import keys as _keys
@@ -130,8 +130,13 @@ class Poller:
     async def _poll(self, q: QueueRuntime) -> None:
         interval = self._config.poll_interval_ms / 1000
         while True:
+            # An open gateway breaker: no peek, no claim, only probes until the gateway
+            # answers (docs/dispatch.md#the-gateway-is-unreachable).
+            await q.breaker.probe_until_answered()
             slots = await self._reserve(self._config.batch_size)
             try:
+                if q.breaker.is_open:  # it opened while this poller waited for a slot
+                    continue
                 busy_head = await self._poll_once(q, slots)
             except StoreUnavailable as exc:
                 self._health.note_failure(f"poll {q.name}", exc)
@@ -297,6 +302,12 @@ class Poller:
 
     def _job(self, q: QueueRuntime, claim: Claim, outcome: Outcome) -> Job:
         job = Job(q, claim)
+        q.breaker.note(outcome)
+        if isinstance(outcome, Unsent):
+            # Nothing was sent: no record, the claim goes back to pending.
+            log.debug("%s in %s is handed back: %s", claim.env.id, q.name, outcome.reason)
+            job.release = True
+            return job
         if isinstance(outcome, Retry):
             job.retry_delay, job.retry_last = outcome.delay, outcome.last
             return job

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
     from claimkit.config import QueueConfig
+    from claimkit.consumer.breaker import GatewayBreaker
     from claimkit.consumer.claims import HeldClaims
     from claimkit.consumer.dispatch import Target
     from claimkit.consumer.gates import Gate
@@ -43,6 +44,7 @@ class QueueRuntime:
     target: Target
     metrics: QueueMetrics
     claims: HeldClaims
+    breaker: GatewayBreaker  # docs/dispatch.md#the-gateway-is-unreachable
     inflight: int = 0
     gate_error: str = ""  # the last gate error logged, so a stuck gate is logged once
 

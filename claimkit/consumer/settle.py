@@ -1,5 +1,6 @@
-"""The acker: terminal records and retry parks from every worker, batched per queue into
-one script call (docs/protocol.md#ack, docs/protocol.md#park-for-retry)."""
+"""The acker: terminal records, retry parks and hand-backs from every worker, batched per
+queue into one script call (docs/protocol.md#ack, docs/protocol.md#park-for-retry,
+docs/dispatch.md#the-gateway-is-unreachable)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import trio
 
 from claimkit.consumer.runtime import until_answered
 from claimkit.protocol.models import retry_member
-from claimkit.protocol.ops import AckItem, ParkCode
+from claimkit.protocol.ops import AckItem, ParkCode, ReleaseCode
 from claimkit.store import StoreError
 
 if TYPE_CHECKING:
@@ -45,13 +46,15 @@ OnSettled = Callable[["Envelope", "TerminalRecord | None"], None]
 
 @dataclass(eq=False)
 class Job:
-    """A terminal record or a retry park on its way to the acker."""
+    """A terminal record, a retry park or a hand-back (``release``) on its way to the
+    acker."""
 
     queue: QueueRuntime
     claim: Claim
     record: TerminalRecord | None = None
     retry_delay: float = 0.0
     retry_last: TerminalRecord | None = None  # the attempt's HTTP response, parked with it
+    release: bool = False  # nothing was sent: hand the claim back to pending
     done: trio.Event = field(default_factory=trio.Event)
     owned: bool = False
 
@@ -130,22 +133,24 @@ class Settler:
         return batch
 
     async def flush(self, batch: list[Job]) -> None:
-        """Ack or park a batch, one script call per queue and kind; retries while Redis is
+        """Ack, park or release a batch, one script call per queue and kind; retries while Redis is
         unavailable (the claims stay held and renewed meanwhile, docs/protocol.md#ack)."""
-        groups: dict[tuple[int, bool], list[Job]] = defaultdict(list)
+        groups: dict[tuple[int, str], list[Job]] = defaultdict(list)
         for job in batch:
-            groups[(id(job.queue), job.record is None)].append(job)
-        for (_qid, is_park), jobs in groups.items():
+            kind = "release" if job.release else "park" if job.record is None else "ack"
+            groups[(id(job.queue), kind)].append(job)
+        for (_qid, kind), jobs in groups.items():
             q = jobs[0].queue
             try:
-                await self._settle_jobs(q, jobs, is_park)
+                await self._settle_jobs(q, jobs, kind)
             finally:
                 for job in jobs:
                     job.done.set()
             q.claims.show_depth()
 
-    async def _settle_jobs(self, q: QueueRuntime, jobs: list[Job], is_park: bool) -> None:
-        """Ack or park ``jobs`` of one queue in one script call. When Redis refuses it:
+    async def _settle_jobs(self, q: QueueRuntime, jobs: list[Job], verb: str) -> None:
+        """Ack, park or release (``verb``) ``jobs`` of one queue in one script call. When
+        Redis refuses it:
 
         - a fatal refusal (:meth:`RedisHealth.is_fatal`): the consumer stops, and the
           claims stay held for the shutdown sweep to return;
@@ -156,8 +161,7 @@ class Settler:
           ``left_to_lapse``. Jobs a failed call had already acked are no longer claimed
           by anyone, so nothing of theirs lapses and their records stand.
         """
-        settle = self._park if is_park else self._ack
-        verb = "park" if is_park else "ack"
+        settle = {"ack": self._ack, "park": self._park, "release": self._release}[verb]
         try:
             await settle(q, jobs)
         except StoreError as exc:
@@ -199,6 +203,16 @@ class Settler:
             q.claims.acked(job.claim, job.record, pushed)
             if self._on_settled is not None:
                 self._on_settled(job.claim.env, job.record)
+
+    async def _release(self, q: QueueRuntime, jobs: list[Job]) -> None:
+        """Hand ``jobs`` of one queue back to pending at their own score, fenced by their
+        tokens (docs/protocol.md#release-and-sweep): not a delivery, not a retry."""
+        claims = [(j.claim.env.id, j.claim.token, None) for j in jobs]
+        codes = await until_answered(f"release {q.name}", partial(q.ops.release, claims))
+        self._health.answered()
+        for job, code in zip(jobs, codes, strict=True):
+            job.owned = code == ReleaseCode.RELEASED
+            q.claims.handed_back(job.claim, released=job.owned)
 
     async def _park(self, q: QueueRuntime, jobs: list[Job]) -> None:
         items = [
