@@ -38,6 +38,7 @@ from claimkit.consumer.claims import HeldClaims, Summary
 from claimkit.consumer.dispatch import Outcome, Target, dispatch, open_http_client
 from claimkit.consumer.gates import make_gate
 from claimkit.consumer.metrics import Metrics
+from claimkit.consumer.pause import PauseWatch
 from claimkit.consumer.poll import Handler, Poller
 from claimkit.consumer.preflight import (
     KeyRole,
@@ -186,6 +187,7 @@ class Consumer:
             target=Target(q.igw_base_url, q.request_path_url, q.inference_objective),
             metrics=metrics,
             claims=HeldClaims(q.queue_name, self.summary, metrics),
+            pause=PauseWatch(q.queue_name, metrics.paused),
         )
 
     # -- public ------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ class QueueMetrics:
     backlog: Gauge
     dead_lettered: Counter
     gateway_no_response: Counter
+    paused: Gauge
 
 
 class Metrics:
@@ -90,6 +91,10 @@ class Metrics:
             "Requests written to the gateway that got no response (connection closed or reset,"
             " or request_timeout passed): INFERENCE_ERROR, never re-sent",
         )
+        self.paused = gauge(
+            "async_queue_paused",
+            "1 while this process sees the queue paused (claimkit pause): it claims nothing new",
+        )
 
     def for_queue(self, queue: QueueConfig) -> QueueMetrics:
         labels = (queue.queue_id, queue.queue_name, queue.labels.get("pool_name", ""))
@@ -108,4 +113,5 @@ class Metrics:
             backlog=self.backlog.labels(*labels),
             dead_lettered=self.dead_lettered.labels(*labels),
             gateway_no_response=self.gateway_no_response.labels(*labels),
+            paused=self.paused.labels(*labels),
         )
