@@ -216,6 +216,7 @@ def test_serve_checks_the_cluster_layouts_keys() -> None:
         "{q}:claims-idx": ("zset", "claims index '{q}:claims-idx' of queue 'q'"),
         "{q}:deliveries": ("hash", "deliveries hash '{q}:deliveries' of queue 'q'"),
         "{q}:dead": ("zset", "dead set '{q}:dead' of queue 'q'"),
+        "{q}:paused": ("string", "pause key '{q}:paused' of queue 'q'"),
         "{q}:outbox": ("hash", "outbox hash '{q}:outbox' of queue 'q'"),
         "{q}:retry-sortedset": ("zset", "retry set '{q}:retry-sortedset' of queue 'q'"),
         "{q}:retry-sortedset:dead": (
