@@ -15,6 +15,8 @@ re-exported here explicitly, and every other module is internal.
 #     ops/      owner of claim state (HeldClaims). ops/ holds the operator tools (inspect,
 #     producer  drain, reclaim, dead letters, results, ACL rules), producer.py submits and
 #               reads results. These three never import one another.
+#   result_reader.py  the durable result reader (leases renewed in the background), shared
+#               by the producer and ops.
 #   config/     the configuration file: model, parsing, gate parameters.
 #   protocol/   key names and types, members and records, result routing, and QueueOps:
 #               with OperatorScripts the only caller of the Lua scripts in lua/.
@@ -54,7 +56,13 @@ from claimkit.protocol.replies import ParkCode as ParkCode
 from claimkit.protocol.replies import ReclaimCounts as ReclaimCounts
 from claimkit.protocol.replies import ReleaseCode as ReleaseCode
 from claimkit.protocol.replies import RenewCode as RenewCode
+from claimkit.protocol.result_delivery import ResultAckCode as ResultAckCode
+from claimkit.protocol.result_delivery import ResultDelivery as ResultDelivery
+from claimkit.protocol.result_delivery import ResultDeliveryError as ResultDeliveryError
+from claimkit.protocol.result_delivery import ResultOwnershipLost as ResultOwnershipLost
+from claimkit.protocol.result_delivery import ResultPopRefused as ResultPopRefused
 from claimkit.protocol.routing import ResultRouting as ResultRouting
+from claimkit.result_reader import ResultReader as ResultReader
 from claimkit.store import Store as Store
 from claimkit.store import StoreError as StoreError
 from claimkit.store import StorePermissionError as StorePermissionError
@@ -88,6 +96,12 @@ __all__ = [
     "ReclaimCounts",
     "ReleaseCode",
     "RenewCode",
+    "ResultAckCode",
+    "ResultDelivery",
+    "ResultDeliveryError",
+    "ResultOwnershipLost",
+    "ResultPopRefused",
+    "ResultReader",
     "ResultRouting",
     "Retry",
     "Store",

@@ -1,4 +1,5 @@
-"""The producer side (docs/protocol.md#producer): submit, cancel and read results."""
+"""The producer side (docs/protocol.md#producer): submit, cancel and read results, durably
+too (docs/results.md)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,27 @@ from claimkit.protocol.models import (
     deadline_passed,
     parse_member,
 )
-from claimkit.protocol.store_calls import read_results
+from claimkit.protocol.result_delivery import (
+    DEFAULT_RESULT_LEASE_MS,
+    ResultAckCode,
+    ResultClaims,
+    ResultDelivery,
+    ResultOwnershipLost,
+    read_results,
+)
+from claimkit.result_reader import (
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_POLL_SECONDS,
+    ResultReader,
+    open_result_reader,
+)
 from claimkit.store import reply_text
 from claimkit.store.script_calls import ReplicaWait
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from contextlib import AbstractAsyncContextManager
+
     from claimkit.store import Arg, Store
 
 __all__ = ["CANCEL_TTL_SECONDS", "Producer", "SubmitError"]
@@ -369,26 +386,143 @@ class Producer:
 
         Reading never removes unless asked: by default the records stay in the list
         (``LRANGE``); ``pop=True`` removes what it returns (``RPOP``), for a caller that is
-        the list's only consumer (docs/cli.md, ``claimkit results``). Every
-        element read is returned, in list order: a :class:`TerminalRecord` when it is one,
-        else its exact bytes (an element that is not valid JSON or has no string ``id``,
-        written by someone else). A popped element is never dropped, so the caller decides
-        where an unreadable one goes.
+        the list's only consumer, and is refused while the list has durable readers
+        (docs/results.md#never-mix-popping-and-durable-readers). Durable reading, which
+        loses nothing, is :meth:`receive_results` / :meth:`result_reader`. Every element
+        read is returned, in list order: a :class:`TerminalRecord` when it is one, else its
+        exact bytes (an element that is not valid JSON or has no string ``id``, written by
+        someone else). A popped element is never dropped, so the caller decides where an
+        unreadable one goes.
 
         Returns:
             ``TerminalRecord`` or ``bytes`` per element; ``[]`` when the list is empty.
 
         Raises:
-            StoreUnavailable, StoreError: from the store. With ``pop=True``, an ``RPOP``
-                whose reply was lost (a broken connection) may have removed records;
-                ``claimkit results --follow --pop`` keeps each popped record in Redis
-                until it is printed (docs/cli.md).
+            ResultPopRefused: with ``pop=True``, one of the list's four result-claim keys
+                exists (docs/results.md#keys); nothing was popped.
+            StoreUnavailable, StoreError: from the store. With ``pop=True``, a pop whose
+                reply was lost (a broken connection) may have removed records.
 
-        Cancellation: with ``pop=True``, a call cancelled after Redis ran the ``RPOP``
-        loses what it popped, as a lost reply does; a read without ``pop`` loses nothing.
+        Cancellation: with ``pop=True``, a call cancelled after Redis ran the pop loses
+        what it popped, as a lost reply does; a read without ``pop`` loses nothing.
         """
         raw = await read_results(self.store, self.result_list, count=count, pop=pop)
         return [_record_or_raw(r) for r in raw]
+
+    def _result_claims(self) -> ResultClaims:
+        return ResultClaims(self.store, self.result_list)
+
+    async def receive_results(
+        self, count: int = 1, *, lease_ms: int = DEFAULT_RESULT_LEASE_MS
+    ) -> list[ResultDelivery]:
+        """Claim up to ``count`` records of :attr:`result_list`, oldest first, each under a
+        lease of ``lease_ms`` **milliseconds** on the Redis server clock (default 5
+        minutes; docs/results.md#receive). Nothing is removed for good until
+        :meth:`ack_result`: a record whose lease runs out (its reader died, or did not
+        renew) goes back to the read end and is delivered again, to any reader, llm-d's
+        Batch Gateway included. Duplicates of a record already acked or leased are dropped
+        on the way. An unparsable record is returned too (``unparsable`` says why); it
+        stays leased until acked and is never deleted.
+
+        Returns:
+            The deliveries, fewer than ``count`` (``[]``: none) when no more wait.
+
+        Raises:
+            ValueError: ``count`` or ``lease_ms`` below 1; on a Redis Cluster, a list name
+                whose keys cannot share its slot.
+            StoreError: one of the list's keys holds another Redis type (nothing written).
+            StoreUnavailable: Redis unreachable.
+
+        Cancellation: records claimed by a call whose reply was lost stay leased and come
+        back after ``lease_ms``.
+        """
+        return await self._result_claims().receive(count, lease_ms=lease_ms)
+
+    async def renew_result(
+        self, delivery: ResultDelivery, *, lease_ms: int = DEFAULT_RESULT_LEASE_MS
+    ) -> None:
+        """Extend ``delivery``'s lease to server now + ``lease_ms`` **milliseconds**, fenced
+        by its owner token (docs/results.md#renew). An expired lease is never revived.
+
+        Raises:
+            ResultOwnershipLost: the lease expired or another owner holds the record.
+            ValueError: ``lease_ms`` below 1. StoreError, StoreUnavailable: from the store.
+
+        Cancellation: renews or not; nothing is lost either way.
+        """
+        (renewed,) = await self._result_claims().renew([delivery], lease_ms=lease_ms)
+        if not renewed:
+            raise ResultOwnershipLost(
+                f"result {delivery.claim_id!r} of {delivery.result_list} is no longer this "
+                "reader's (its lease expired or another reader holds it): not renewed "
+                "(docs/results.md#renew)",
+                delivery,
+            )
+
+    async def ack_result(self, delivery: ResultDelivery) -> ResultAckCode:
+        """Ack ``delivery``, fenced by its owner token: its claim is deleted and a tombstone
+        drops later duplicates of the same ``(id, request_token)`` for 7 days
+        (docs/results.md#ack).
+
+        Returns:
+            ``ResultAckCode.ACKED``, or ``ResultAckCode.ALREADY_ACKED`` for a repeated ack.
+
+        Raises:
+            ResultOwnershipLost: the lease expired or another owner holds the record: it
+                was, or will be, delivered again.
+            StoreError, StoreUnavailable: from the store.
+
+        Cancellation: an ack whose reply was lost may have acked; acking again then
+        returns ``ALREADY_ACKED``.
+        """
+        code = await self._result_claims().ack(delivery)
+        if code is ResultAckCode.LOST:
+            raise ResultOwnershipLost(
+                f"result {delivery.claim_id!r} of {delivery.result_list} is no longer this "
+                "reader's (its lease expired or another reader holds it): not acked; it is "
+                "delivered again (docs/results.md#ack)",
+                delivery,
+            )
+        return code
+
+    def result_reader(
+        self,
+        *,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        poll_seconds: float = DEFAULT_POLL_SECONDS,
+        batch: int = 1,
+        on_renew_error: Callable[[BaseException], None] | None = None,
+    ) -> AbstractAsyncContextManager[ResultReader]:
+        """A durable reader of :attr:`result_list` (docs/results.md#the-reader)::
+
+            async with producer.result_reader(lease_seconds=60) as reader:
+                async for delivery in reader:
+                    ...
+                    await reader.ack(delivery)
+
+        Every delivery handed out and not yet acked (or :meth:`ResultReader.forget`-ten) is
+        renewed in the background, every ``lease_seconds / 3``, all in one round trip.
+
+        Args:
+            lease_seconds: the lease, **seconds** (> 0; default 300).
+            poll_seconds: seconds between receives while the list is empty (default 1).
+            batch: records claimed per receive (default 1).
+            on_renew_error: called when a renewal tick cannot reach Redis (then retried).
+
+        Raises:
+            ValueError: an argument out of range.
+
+        Cancellation: leaving the block stops the renewals; deliveries not acked stay
+        leased and come back after their lease.
+        """
+        return open_result_reader(
+            self.store,
+            self.result_list,
+            lease_seconds=lease_seconds,
+            poll_seconds=poll_seconds,
+            batch=batch,
+            on_renew_error=on_renew_error,
+        )
 
 
 def _record_or_raw(raw: bytes) -> TerminalRecord | bytes:

@@ -76,7 +76,7 @@ CASES: list[tuple[list[str], int]] = [
     (["inspect", "-q", ""], 2),
     (["drain", "-q", Q], 2),
     (["reclaim"], 2),
-    (["results", "--follow"], 2),
+    (["results", "--follow", "--pop"], 2),
     (["results", "--pop", "--peek"], 2),
     (["results", "--count", "0"], 2),
     (["cancel"], 2),
@@ -155,9 +155,9 @@ def test_the_console_script_exits_by_the_convention(redis_url: str) -> None:
 
     assert status("results")[0] == 0
     assert status("cancel", "nobody") == (1, "claimkit: no live request to cancel for 'nobody'\n")
-    code, err = status("results", "--follow")
+    code, err = status("results", "--follow", "--pop")
     assert code == 2
-    assert err.startswith("claimkit: --follow removes each record it prints")
+    assert err.startswith("claimkit: --follow --pop is gone: --follow alone reads durably")
     assert status("results", "--no-such-option")[0] == 2
     assert do(redis_url, ("LLEN", "result-list"))[0] == 1  # nothing was popped
 

@@ -822,22 +822,39 @@ def test_results_pop_removes_oldest_first(redis_url: str) -> None:
     assert do(redis_url, ("EXISTS", "result-list"))[0] == 0
 
 
-def test_results_follow_pops_only_when_asked(redis_url: str) -> None:
+def test_results_follow_reads_durably_and_refuses_pop(redis_url: str) -> None:
     push_records(redis_url, "mine")
-    refused = invoke(["results", "--list", "mine", "--follow", "--count", "2"], redis_url)
+    refused = invoke(["results", "--list", "mine", "--follow", "--pop", "--count", "2"], redis_url)
     one_line_error(
         refused,
-        "--follow removes each record it prints: pass --follow --pop "
-        "(without --pop, results only reads)",
+        "--follow --pop is gone: --follow alone reads durably (each record leased, acked "
+        "once printed or handled; docs/results.md); --pop is a one-shot destructive read",
         code=2,
     )
     assert do(redis_url, ("LLEN", "mine"))[0] == 3
-    result = invoke(
-        ["results", "--list", "mine", "--follow", "--pop", "--count", "2", "--json"], redis_url
-    )
+    result = invoke(["results", "--list", "mine", "--follow", "--count", "2", "--json"], redis_url)
     assert result.exit_code == 0, result.output
     assert result.stdout.encode().splitlines() == RECORDS[:2]
-    assert do(redis_url, ("LLEN", "mine"))[0] == 1
+    assert do(redis_url, ("LRANGE", "mine", 0, -1))[0] == [RECORDS[2]]
+    # Each printed record was acked: a tombstone per id, nothing leased.
+    assert do(redis_url, ("ZRANGE", "mine:result-ack-tombstones", 0, -1))[0] == [b"r1", b"r2"]
+    assert do(redis_url, ("EXISTS", "mine:result-claimed", "mine:result-claim-owners"))[0] == 0
+    assert do(redis_url, ("EXISTS", "mine:result-claims-idx"))[0] == 0
+    # Now a pop would take records from under durable readers: refused, nothing popped.
+    one_line_error(
+        invoke(["results", "--list", "mine", "--pop"], redis_url),
+        "mine has durable readers (one of mine:result-claimed, mine:result-claim-owners, "
+        "mine:result-claims-idx, mine:result-ack-tombstones exists): a pop would take "
+        "records they count on; read it with --follow (durable) or without --pop "
+        "(docs/results.md#never-mix-popping-and-durable-readers)",
+    )
+    assert do(redis_url, ("LRANGE", "mine", 0, -1))[0] == [RECORDS[2]]
+    for flag in (["--exec", "cat"], ["--lease", "5"], ["--poll", "1"]):
+        one_line_error(
+            invoke(["results", "--list", "mine", *flag], redis_url),
+            f"{flag[0]} applies to --follow only",
+            code=2,
+        )
 
 
 def test_results_list_defaults_to_the_configured_result_queue(redis_url: str) -> None:

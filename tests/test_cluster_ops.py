@@ -29,16 +29,16 @@ from claimkit.config import load_config
 from claimkit.consumer.preflight import key_roles
 from claimkit.ops.acl import ROLES, acl_rule
 from claimkit.ops.queues import OperatorQueue
-from claimkit.ops.results import follow_results
 from claimkit.protocol.keys import (
     QueueKeys,
+    ResultClaimKeys,
     ResultKeys,
     key_slot,
     outbox_field,
-    results_holding_prefix,
     slot_key,
 )
 from claimkit.protocol.models import ErrorCode, TerminalRecord, max_deliveries_message
+from claimkit.protocol.result_delivery import ResultAckCode, ResultClaims
 from claimkit.store import open_store
 from claimkit.store.topology import Topology
 
@@ -522,38 +522,45 @@ def test_results_read_pop_and_follow(redis_cluster: RedisCluster, queue: str, re
     assert ok(invoke(["results", "--pop", "--count", "1", "--transport-config", conf])) == (
         "x1  200  {}\n"
     )
-    followed = ok(
-        invoke(["results", "--follow", "--pop", "--count", "2", "--transport-config", conf])
-    )
+    followed = ok(invoke(["results", "--follow", "--count", "2", "--transport-config", conf]))
     assert followed == "x2  200  {}\nx3  200  {}\n"
-    assert keyspace(redis_cluster) == {}  # the list emptied, no holding list left
+    # The list emptied; what is left is the two tombstones, in the list's slot.
+    k = ResultClaimKeys.for_list(results, cluster=True)
+    after = keyspace(redis_cluster)
+    assert sorted(after) == [k.tombstones]
+    assert sorted(m for m, _ in after[k.tombstones]) == [b"x2", b"x3"]
+    assert key_slot(k.tombstones) == key_slot(results)
+    # A pop now meets durable-reader state: refused, nothing popped.
+    seed(redis_cluster, ["LPUSH", results, records[0]])
+    refused = invoke(["results", "--pop", "--transport-config", conf])
+    assert refused.exit_code == 1
+    assert "has durable readers" in refused.stderr
+    assert keyspace(redis_cluster)[results] == [records[0]]
 
 
 @pytest.mark.parametrize(("queue", "results"), LAYOUTS)
-async def test_follow_holds_each_record_in_the_lists_slot(
+async def test_receive_renew_ack_use_the_lists_slot(
     redis_cluster: RedisCluster, queue: str, results: str
 ) -> None:
     del queue
-    held: list[str] = []
-
-    def emit(raw: bytes) -> None:
-        # While a record is printed it waits in the holding list: find it on the nodes.
-        names = [k for k in keyspace(redis_cluster) if ":following:" in k]
-        assert len(names) == 1
-        held.append(names[0])
-        assert raw == b'{"id":"x1"}'
-
+    k = ResultClaimKeys.for_list(results, cluster=True)
+    assert k.claimed == f"{slot_key(results)}:result-claimed"
+    assert {key_slot(name) for name in k.all()} == {key_slot(results)}
+    record = b'{"id":"x1","payload":"{}","request_token":"g1"}'
     with trio.fail_after(30):
         async with open_store(redis_cluster.url, topology=topology(redis_cluster)) as store:
-            await store.command("LPUSH", results, b'{"id":"x1"}')
-            seen = await follow_results(store, results, emit=emit, notify=print, count=1)
-    assert seen == 1
-    prefix = results_holding_prefix(results, cluster=True)
-    assert prefix == f"{slot_key(results)}:following:"
-    assert held[0].startswith(prefix)
-    assert len(held[0]) == len(prefix) + 16
-    assert key_slot(held[0]) == key_slot(results)
-    assert keyspace(redis_cluster) == {}
+            await store.command("LPUSH", results, record)
+            claims = ResultClaims(store, results)
+            (got,) = await claims.receive(lease_ms=60_000)
+            assert (got.raw, got.claim_id, got.request_token) == (record, "x1\0g1", "g1")
+            held = keyspace(redis_cluster)
+            assert held[k.claimed] == {b"x1\0g1": record}
+            assert held[k.owners] == {b"x1\0g1": got.owner.encode()}
+            assert await claims.renew([got], lease_ms=60_000) == [True]
+            assert await claims.ack(got) is ResultAckCode.ACKED
+    after = keyspace(redis_cluster)
+    assert sorted(after) == [k.tombstones]
+    assert [m for m, _ in after[k.tombstones]] == [b"x1\0g1"]
 
 
 # -- acl -----------------------------------------------------------------------------------------
@@ -575,7 +582,7 @@ def cluster_config(queue: str, results: str) -> Config:
 
 def test_acl_keys_are_the_cluster_names() -> None:
     """Exact patterns, braces escaped; the queue's outbox and retry sets, each list's two
-    marker keys and its holding lists in the list's slot; no result-terminal:*, no shared
+    marker keys and its durable-reader keys in the list's slot; no result-terminal:*, no shared
     retry set."""
     untagged = acl_rule(cluster_config("q", "results"), "operator")
     assert untagged.keys == (
@@ -590,7 +597,10 @@ def test_acl_keys_are_the_cluster_names() -> None:
         "\\{q\\}:retry-sortedset",
         "\\{q\\}:retry-sortedset:dead",
         "results",
-        "\\{results\\}:following:*",
+        "\\{results\\}:result-claimed",
+        "\\{results\\}:result-claim-owners",
+        "\\{results\\}:result-claims-idx",
+        "\\{results\\}:result-ack-tombstones",
         "\\{results\\}:result-terminal",
         "\\{results\\}:result-terminal-expiry",
         "request-active:*",
@@ -624,7 +634,7 @@ def test_acl_keys_are_the_cluster_names() -> None:
 
 def test_acl_grants_wait_when_the_config_waits_for_replicas() -> None:
     """``wait_replicas`` > 0: every writing script call is followed by WAIT, in either
-    mode; the producer writes no script."""
+    mode; the producer's durable result reading writes through scripts too."""
     for mode_fields in ({}, {"mode": "cluster", "addrs": ["127.0.0.1:7001"]}):
         doc = {
             "url": "redis://127.0.0.1:7000/0",
@@ -634,7 +644,7 @@ def test_acl_grants_wait_when_the_config_waits_for_replicas() -> None:
         }
         config = load_config(inline=json.dumps(doc))
         waits = {role: "wait" in acl_rule(config, role).commands for role in ROLES}
-        assert waits == {"consumer": True, "producer": False, "operator": True}
+        assert waits == {"consumer": True, "producer": True, "operator": True}
 
 
 def _knows_client_setinfo(cluster: RedisCluster) -> bool:
@@ -712,7 +722,7 @@ def test_the_operator_rule_is_enough_on_every_node(
                 ["dead", "requeue", "-q", queue, "--all"],
                 ["dead", "purge", "-q", queue, "--all"],
                 ["results"],
-                ["results", "--follow", "--pop", "--count", "3", "--json"],
+                ["results", "--follow", "--count", "3", "--json"],
             )
         ]
         assert acl_logs(redis_cluster) == [[]] * len(redis_cluster.nodes)
@@ -731,6 +741,9 @@ def test_the_operator_rule_is_enough_on_every_node(
     assert sorted(popped) == ["c1", "o1", "x1"]
     after = keyspace(redis_cluster)
     assert [name for name, _ in after.pop(m.expiry)] == [b"o1"]
+    # results --follow acked what it printed: one tombstone each, in the list's slot.
+    tombstones = ResultClaimKeys.for_list(results, cluster=True).tombstones
+    assert sorted(name for name, _ in after.pop(tombstones)) == [b"c1", b"o1", b"x1"]
     assert after == {
         queue: sorted(
             [

@@ -42,7 +42,7 @@ COMMANDS = {
     "dead purge": ["dead", "purge", "-q", Q, "r1"],
     "cancel": ["cancel", "r1"],
     "results": ["results"],
-    "results --follow --pop": ["results", "--follow", "--pop"],
+    "results --follow": ["results", "--follow"],
 }
 
 

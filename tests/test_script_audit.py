@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from claimkit.protocol.keys import QueueKeys, ResultKeys
+from claimkit.protocol.keys import QueueKeys, ResultClaimKeys, ResultKeys
 from claimkit.store import Arg, Store, StoreError, open_store
 from claimkit.store.scripts import all_scripts
 
@@ -139,6 +139,17 @@ RL_STRICT: dict[str, tuple[str, ...]] = {
     RL.expiry: ("zset",),
 }
 PUSH_ARGV: list[Arg] = [100, "0", "a", "ga", RECORD, "b", "gb", RECORD]
+# Durable result delivery (docs/results.md): a lease that ran out, a live one, a tombstone
+# that expired, so each script's first step writes.
+RC = ResultClaimKeys.for_list("rl")
+RC_STRICT: dict[str, tuple[str, ...]] = {key: (kind,) for key, kind in RC.types().items()}
+RC_SEED: list[list[Arg]] = [
+    ["HSET", RC.claimed, "x", RECORD, "y", RECORD],
+    ["HSET", RC.owners, "x", "o", "y", "o"],
+    ["ZADD", RC.index, 1, "x", 9_999_999_999_999, "y"],
+    ["ZADD", RC.tombstones, 1, "old"],
+    ["LPUSH", RC.results, b'{"id":"z"}', b"not json"],
+]
 WHOLE: tuple[Arg, ...] = ("x", "nan", "", "1.5", "-1")
 
 CASES: dict[str, Case] = {
@@ -381,6 +392,45 @@ CASES: dict[str, Case] = {
             9: WHOLE,
             10: (*NUMBERS, "0", "-1"),
         },
+    ),
+    "result-receive": Case(
+        "result-receive",
+        RC.all(),
+        ["o2", 1000, 100, 100, 100, 3],
+        RC_SEED,
+        RC_STRICT,
+        bad_argv={1: ("",), 2: (*WHOLE, "0"), 3: WHOLE, 4: WHOLE, 5: WHOLE, 6: (*WHOLE, "0")},
+    ),
+    "result-renew": Case(
+        "result-renew",
+        [RC.owners, RC.index],
+        ["y", "o", 1000],
+        RC_SEED,
+        {RC.owners: ("hash",), RC.index: ("zset",)},
+        bad_argv={2: ("",), 3: (*WHOLE, "0")},
+    ),
+    "result-ack": Case(
+        "result-ack",
+        RC.all()[1:],
+        ["y", "o", 604800000, 100],
+        RC_SEED,
+        {k: v for k, v in RC_STRICT.items() if k != RC.results},
+        bad_argv={2: ("",), 3: (*WHOLE, "0"), 4: (*WHOLE, "0")},
+    ),
+    "result-pop": Case(
+        "result-pop",
+        RC.all(),
+        [10],
+        [["LPUSH", RC.results, RECORD]],
+        RC_STRICT,
+        bad_argv={1: (*WHOLE, "0")},
+    ),
+    "result-inspect": Case(
+        "result-inspect",
+        [RC.results, RC.index, RC.tombstones],
+        [],
+        RC_SEED,
+        {RC.results: ("list",), RC.index: ("zset",), RC.tombstones: ("zset",)},
     ),
     "inspect": Case(
         "inspect",

@@ -61,7 +61,7 @@ CLUSTER_SCRIPTS = {
     "reclaim-cluster": 7,
 }
 ALL_CALLED = PROTOCOL_SCRIPTS | CLUSTER_SCRIPTS
-READ_ONLY_SCRIPTS = {"inspect", "cancelled"}
+READ_ONLY_SCRIPTS = {"inspect", "cancelled", "result-inspect"}
 
 Q = "{tenant-a}:requests"
 RETRY = "retry-sortedset"
@@ -291,6 +291,7 @@ def test_includes_are_resolved() -> None:
         "_move-retries",
         "_outbox",
         "_reclaim",
+        "_result-clock",
     }
     for s in all_scripts().values():
         assert "@include" not in s.source, s.name
@@ -352,6 +353,10 @@ WRITING_SCRIPTS = {
     "outbox-aim": ["hash"],
     "push-result": ["list", "hash", "zset"],
     "reclaim-cluster": ["zset", "hash", "hash", "zset", "hash", "zset", "hash"],
+    "result-receive": ["list", "hash", "hash", "zset", "zset"],
+    "result-renew": ["hash", "zset"],
+    "result-ack": ["hash", "hash", "zset", "zset"],
+    "result-pop": ["list", "hash", "hash", "zset", "zset"],
 }
 GUARDED_FIRST = {"ack-local": 6, "push-result": 0}
 """Scripts whose first statement guards only their first N keys: the others (a result list
@@ -435,6 +440,10 @@ GUARD_ARGV: dict[str, list[Arg]] = {
     "outbox-aim": ["a\x00t", "{}"],
     "push-result": [0, "1", "a", "", "{}"],
     "reclaim-cluster": [100, 10, "", "rl", "", 0],
+    "result-receive": ["o", 1000, 100, 100, 100],
+    "result-renew": ["a", "o", 1000],
+    "result-ack": ["a", "o", 1000, 100],
+    "result-pop": [1],
 }
 
 

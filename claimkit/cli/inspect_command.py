@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from claimkit.cli.console import Console, RenderableType
     from claimkit.ops.inspect import QueueSnapshot
     from claimkit.ops.watch import WatchFrame
+    from claimkit.protocol.result_delivery import ResultListCounts
     from claimkit.store import Store
 
 __all__ = ["inspect_queue", "live_watch", "watch_view"]
@@ -137,7 +139,9 @@ def inspect_queue(
     their way to a result list in another slot (docs/topology.md#cluster-key-layout).
     With --watch the header says when the view was read; while Redis does not answer, the
     last view stays with a STALE line saying since when, and the watch keeps retrying.
-    The keys: docs/protocol.md.
+    When the configuration's result list is read durably (it has leases or tombstones), a
+    last line says so: pending records, leases (how many past their lease) and tombstones
+    (docs/results.md). The keys: docs/protocol.md.
 
     Example:
 
@@ -169,7 +173,9 @@ def inspect_queue(
         with_store_until_stopped(config, watching)
         return
 
-    async def once(store: Store) -> tuple[QueueSnapshot, str]:
+    from claimkit.ops.results import reader_counts, reader_line
+
+    async def once(store: Store) -> tuple[QueueSnapshot, str, ResultListCounts | None]:
         snap = await snapshot(
             store,
             queue,
@@ -177,13 +183,21 @@ def inspect_queue(
             retry_set=config.retry_queue_name,
             limit=limit,
         )
-        return snap, store.url
+        return snap, store.url, await reader_counts(store, config.result_queue_name)
 
-    snap, url = with_store(config, once, key_types=target.key_types)
+    snap, url, readers = with_store(config, once, key_types=target.key_types)
 
     def view() -> RenderableType:
         from claimkit.cli.console import snapshot_view
 
         return snapshot_view(snap, url=url)
 
-    show(json_out, doc=lambda: snap.to_json(url=url), text=view)
+    def doc() -> dict[str, Any]:
+        out = snap.to_json(url=url)
+        if readers is not None:
+            out["result_readers"] = {"list": config.result_queue_name, **asdict(readers)}
+        return out
+
+    show(json_out, doc=doc, text=view)
+    if readers is not None and not json_out:
+        typer.echo(reader_line(config.result_queue_name, readers))

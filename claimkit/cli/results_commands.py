@@ -16,9 +16,11 @@ from claimkit.cli.common import (
     usage_error,
 )
 from claimkit.cli.runner import until_sigint, with_store, with_store_until_stopped
-from claimkit.protocol.keys import RESULT_LIST_TYPE
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from claimkit.protocol.result_delivery import ResultDelivery
     from claimkit.store import Store
 
 __all__ = ["RESULT_LINE_PREVIEW", "cancel", "record_line", "results"]
@@ -52,14 +54,29 @@ def record_line(raw: bytes, *, as_json: bool) -> str:
     return f"{rec.id}  {status}  {body}"
 
 
-def _check_results_flags(pop: bool, follow: bool, peek: bool, list_name: str | None) -> None:
+def _check_results_flags(
+    pop: bool,
+    follow: bool,
+    peek: bool,
+    list_name: str | None,
+    command: str | None,
+    lease: float | None,
+    poll: float | None,
+) -> None:
     if peek and pop:
         usage_error("--peek and --pop cannot be combined: --peek reads without removing")
-    if follow and not pop:
+    if follow and pop:
         usage_error(
-            "--follow removes each record it prints: pass --follow --pop "
-            "(without --pop, results only reads)"
+            "--follow --pop is gone: --follow alone reads durably (each record leased, "
+            "acked once printed or handled; docs/results.md); --pop is a one-shot "
+            "destructive read"
         )
+    if not follow:
+        for given, flag in ((command, "--exec"), (lease, "--lease"), (poll, "--poll")):
+            if given is not None:
+                usage_error(f"{flag} applies to --follow only")
+    if command is not None and not command.strip():
+        usage_error("--exec must not be empty")
     if list_name is not None and not list_name:
         usage_error("--list must not be empty")
 
@@ -77,16 +94,49 @@ def results(
     pop: Annotated[
         bool,
         typer.Option(
-            "--pop", help="Remove each record printed (RPOP); without it nothing is removed."
+            "--pop",
+            help="Remove each record printed (RPOP), once; refused while the list has "
+            "durable readers. Without it nothing is removed.",
         ),
     ] = False,
     follow: Annotated[
         bool,
         typer.Option(
             "--follow",
-            help="With --pop: keep popping new records until Ctrl-C; rides out a Redis restart.",
+            help="Read durably until Ctrl-C: lease each record, print it (or --exec), ack "
+            "it; rides out a Redis restart.",
         ),
     ] = False,
+    command: Annotated[
+        str | None,
+        typer.Option(
+            "--exec",
+            metavar="CMD",
+            help="With --follow: run CMD through /bin/sh -c per record, its JSON on stdin; "
+            "ack only when CMD exits 0.",
+            show_default=False,
+        ),
+    ] = None,
+    lease: Annotated[
+        float | None,
+        typer.Option(
+            "--lease",
+            metavar="SECONDS",
+            min=0.003,
+            help="With --follow: each record's lease, seconds (default 300).",
+            show_default=False,
+        ),
+    ] = None,
+    poll: Annotated[
+        float | None,
+        typer.Option(
+            "--poll",
+            metavar="SECONDS",
+            min=0.0,
+            help="With --follow: seconds between reads of an empty list (default 1.0).",
+            show_default=False,
+        ),
+    ] = None,
     peek: Annotated[
         bool,
         typer.Option("--peek", help="Read without removing: the default, accepted for scripts."),
@@ -96,7 +146,8 @@ def results(
         typer.Option(
             min=1,
             metavar="N",
-            help="At most this many records (default 100; with --follow: no limit).",
+            help="At most this many records (default 100; with --follow: stop after N acks, "
+            "default no limit).",
             show_default=False,
         ),
     ] = None,
@@ -107,32 +158,39 @@ def results(
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Print terminal records, oldest first, without removing them (unless --pop).
+    """Print terminal records, oldest first, without removing them (unless --pop or --follow).
 
     Each line: id, status code or error code, body or error message (--json: the record
     exactly as stored, docs/protocol.md). By default the oldest --count records are read
-    with LRANGE and stay in the list. --pop removes each record it prints (RPOP): a
-    producer that reads its results this way gets each record once.
+    with LRANGE and stay in the list. --pop removes each record it prints (RPOP), once; it
+    is refused (exit status 1, nothing popped) while the list has durable readers.
 
-    --follow --pop blocks for new records until Ctrl-C (or --count records), removing
-    each one it prints, and rides out a Redis restart: one line on stderr, retries with
-    backoff, carries on when Redis is back. A record it pops is never lost: it is moved
-    to a holding list of its own (<list>:following:<hex>) and removed from there once
-    printed. --follow without --pop is refused: there is no following without removing.
+    --follow reads durably until Ctrl-C (or --count acks), as llm-d's result readers do,
+    so several readers can share a list (docs/results.md): each record is leased
+    (--lease, default 300 s), printed, then acked. With --exec CMD, CMD runs through
+    /bin/sh -c with the record's JSON on stdin, the lease renewed meanwhile; the record is
+    acked only when CMD exits 0, else one line on stderr and it comes back after the
+    lease. An unparsable record is reported on stderr and left leased, never deleted.
+    Rides out a Redis restart (one line on stderr, backoff, a line when it is back).
+    Ctrl-C leaves records not yet acked leased: they come back after the lease.
 
     Examples:
 
         claimkit results --redis-url redis://127.0.0.1:6379/0 --count 10
 
+        claimkit results --redis-url redis://127.0.0.1:6379/0 --follow --json
+
         claimkit results --redis-url redis://127.0.0.1:6379/0 \\
-          --follow --pop --json
+          --follow --lease 60 --exec 'jq -c . >> results.jsonl'
     """
-    _check_results_flags(pop, follow, peek, list_name)
+    _check_results_flags(pop, follow, peek, list_name, command, lease, poll)
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     name = list_name or config.result_queue_name
     if not name:
         fail("the configuration's result_queue_name is empty: name the list with --list")
-    from claimkit.ops.results import follow_results, read_results
+    from claimkit.ops.results import read_results
+    from claimkit.protocol.keys import ResultClaimKeys, cluster_layout
+    from claimkit.protocol.result_delivery import ResultPopRefused
 
     def emit(raw: bytes) -> None:
         sys.stdout.write(record_line(raw, as_json=json_out) + "\n")
@@ -142,22 +200,74 @@ def results(
         sys.stderr.write(f"claimkit results: {line}\n")
         sys.stderr.flush()
 
+    def key_types(store: Store) -> dict[str, str]:
+        try:
+            return ResultClaimKeys.for_list(name, cluster=cluster_layout(store)).types()
+        except ValueError as exc:
+            fail(str(exc))
+
     async def read(store: Store) -> int:
-        raw = await read_results(store, name, count=count or 100, pop=pop)
+        try:
+            raw = await read_results(store, name, count=count or 100, pop=pop)
+        except ResultPopRefused as exc:
+            fail(str(exc))
         for item in raw:
             emit(item)
         return len(raw)
 
+    if follow:
+        follow_list = _follower(name, command, lease, poll, count, emit, notify)
+        with_store_until_stopped(config, follow_list, key_types=key_types)
+        return
+    if with_store(config, read, key_types=key_types) == 0:
+        typer.echo(f"claimkit results: {name} is empty", err=True)
+
+
+def _follower(
+    name: str,
+    command: str | None,
+    lease: float | None,
+    poll: float | None,
+    count: int | None,
+    emit: Callable[[bytes], None],
+    notify: Callable[[str], None],
+) -> Callable[[Store], Awaitable[int | None]]:
+    """``results --follow`` on an open store: print and ack, or run ``--exec`` and ack on
+    exit status 0 (docs/results.md)."""
+    from claimkit.ops.results import follow_results, run_command
+
+    lease_seconds = 300.0 if lease is None else lease
+
+    async def print_record(delivery: ResultDelivery) -> bool:
+        emit(delivery.raw)
+        return True
+
+    async def run_record(delivery: ResultDelivery) -> bool:
+        assert command is not None
+        status = await run_command(command, delivery.raw)
+        if status == 0:
+            return True
+        how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+        notify(
+            f"{name}: --exec {how} for result {delivery.id!r}: not acked; it is delivered "
+            f"again after the lease ({lease_seconds:g} s)"
+        )
+        return False
+
     async def follow_list(store: Store) -> int | None:
         return await until_sigint(
-            lambda: follow_results(store, name, emit=emit, notify=notify, count=count)
+            lambda: follow_results(
+                store,
+                name,
+                handle=print_record if command is None else run_record,
+                notify=notify,
+                count=count,
+                lease_seconds=lease_seconds,
+                poll_seconds=1.0 if poll is None else poll,
+            )
         )
 
-    if follow:
-        with_store_until_stopped(config, follow_list, key_types={name: RESULT_LIST_TYPE})
-        return
-    if with_store(config, read, key_types={name: RESULT_LIST_TYPE}) == 0:
-        typer.echo(f"claimkit results: {name} is empty", err=True)
+    return follow_list
 
 
 def cancel(

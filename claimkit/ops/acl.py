@@ -16,7 +16,7 @@ too (``extra_lists``). See ``docs/security.md``.
 The key layout is the configuration's ``mode``: on a Redis Cluster (``mode: cluster``) the
 per-queue keys are ``{q}:claimed``... with the queue's outbox and own retry sets, each result
 list's dedup markers are ``{L}:result-terminal`` and ``{L}:result-terminal-expiry`` (no
-``result-terminal:*``), and a holding list is ``{L}:following:<hex>``
+``result-terminal:*``), and a list's durable-reader keys are ``{L}:result-claimed`` etc.
 (docs/topology.md#cluster-key-layout). An ACL is per node: the rule goes to every node.
 """
 
@@ -48,22 +48,29 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     # gate's budget, scripts.
     "consumer": tuple("INFO EVALSHA EVAL TYPE ZRANGE ZCARD GET".split()),
     # submit (TIME, TYPE, then DEL/SET/ZADD in MULTI/EXEC), cancel (TYPE, GET, SET),
-    # results (RPOP, LRANGE; --follow: BLMOVE, LINDEX, LMOVE, DEL).
-    "producer": tuple(
-        "INFO TIME TYPE MULTI EXEC DEL SET ZADD GET RPOP LRANGE BLMOVE LINDEX LMOVE".split()
-    ),
+    # results (LRANGE; --pop and --follow: the result scripts).
+    "producer": tuple("INFO EVALSHA EVAL TIME TYPE MULTI EXEC DEL SET ZADD GET LRANGE".split()),
     # inspect, drain, reclaim, dead list/requeue/purge, results, cancel, pause (TIME, SET,
     # GET), resume (GETDEL).
     "operator": tuple(
         "INFO EVALSHA EVAL TIME TYPE MULTI EXEC ZCARD ZRANGE LLEN HMGET HKEYS ZMSCORE ZREM "
-        "ZREMRANGEBYSCORE DEL SET GET GETDEL RPOP LRANGE BLMOVE LINDEX LMOVE".split()
+        "ZREMRANGEBYSCORE DEL SET GET GETDEL LRANGE".split()
     ),
 }
 # The Lua scripts each role runs; the commands they call are read from their sources.
+# `results --pop` and `--follow` (durable reading, docs/results.md) run the result scripts.
+_RESULT_SCRIPTS = ("result-receive", "result-renew", "result-ack", "result-pop")
 _SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple("claim ack renew release reclaim park move-retries dead-letter".split()),
-    "producer": (),
-    "operator": ("inspect", "release", "reclaim", "requeue-dead"),
+    "producer": _RESULT_SCRIPTS,
+    "operator": (
+        "inspect",
+        "release",
+        "reclaim",
+        "requeue-dead",
+        "result-inspect",
+        *_RESULT_SCRIPTS,
+    ),
 }
 # On a Redis Cluster (docs/topology.md#cluster-key-layout) every client reads the
 # cluster's slot map (CLUSTER SLOTS) and follows an ASK redirect (ASKING) while a slot
@@ -83,14 +90,17 @@ _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
         "claim cancelled renew ack-local ack-outbox push-result outbox-aim park release "
         "reclaim-cluster move-retries-queue dead-letter-outbox".split()
     ),
-    "producer": (),
-    "operator": tuple(
-        "inspect release reclaim-cluster push-result outbox-aim requeue-dead drop-markers".split()
+    "producer": _RESULT_SCRIPTS,
+    "operator": (
+        *"inspect release reclaim-cluster push-result outbox-aim requeue-dead drop-markers".split(),
+        "result-inspect",
+        *_RESULT_SCRIPTS,
     ),
 }
 # With wait_replicas set, every call of a writing script is followed by WAIT
-# (docs/topology.md#failover): the consumer's, and drain's and reclaim's.
-_WAITS = ("consumer", "operator")
+# (docs/topology.md#failover): the consumer's, drain's and reclaim's, and the durable
+# result reader's (results --follow, --pop).
+_WAITS = ("consumer", "producer", "operator")
 # A command a script calls: named in the call, or in a table of commands (the key guard's
 # ``{ zset = 'ZCARD', ... }``).
 _LUA_CALL = re.compile(r"(?:redis\.p?call\(\s*|=\s*)['\"]([A-Z][A-Za-z]+)['\"]")
@@ -137,6 +147,19 @@ def _glob(name: str, *, braces: bool = False) -> str:
 
 def _lua_commands(names: Iterable[str]) -> set[str]:
     return {m.upper() for name in names for m in _LUA_CALL.findall(script_source(name))}
+
+
+def _reader_keys(role: str, lists: Sequence[str], *, cluster: bool) -> list[str]:
+    """The durable-reader keys of ``lists`` (docs/results.md#keys), for the roles that read
+    results (every role but the consumer): ``L:result-claimed`` etc., ``{L}:...`` on a
+    cluster."""
+    if role == "consumer":
+        return []
+    return [
+        key
+        for name in lists
+        for key in _keys.ResultClaimKeys.for_list(name, cluster=cluster).reader_state()
+    ]
 
 
 def _queue_keys(
@@ -196,8 +219,7 @@ def acl_rule(
     if role != "producer" and not cluster:  # a cluster has a retry set per queue (above)
         keys += [glob(retry), glob(_keys.retry_dead(retry))]
     keys += map(glob, lists)
-    if role != "consumer":
-        keys += [glob(_keys.results_holding_prefix(name, cluster=cluster)) + "*" for name in lists]
+    keys += map(glob, _reader_keys(role, lists, cluster=cluster))
     prefixes = [_keys.REQUEST_ACTIVE_PREFIX, _keys.REQUEST_CANCEL_PREFIX]
     if cluster:  # the dedup markers are per list, in its slot: exact names
         for name in lists:

@@ -1,9 +1,11 @@
 """Reading a result list for operators and producers (``claimkit results``, docs/cli.md).
 
-:func:`read_results` reads (``LRANGE``) or pops (``RPOP``) a bounded batch, oldest first;
-:func:`follow_results` pops new records until cancelled and rides out a Redis restart
-without losing a record it popped. Neither prints anything: records go to the caller's
-``emit``, status lines to its ``notify``. The record format: docs/protocol.md#terminal-record.
+:func:`read_results` reads (``LRANGE``) or pops (``RPOP``, refused while the list has
+durable readers) a bounded batch, oldest first. :func:`follow_results` reads durably
+(docs/results.md): each record is received under a lease, handed to the caller's
+``handle`` while the lease is renewed, and acked only when ``handle`` says so; it rides out
+a Redis restart. Nothing here prints: records go to ``handle``, status lines to
+``notify``. The record format: docs/protocol.md#terminal-record.
 """
 
 from __future__ import annotations
@@ -12,27 +14,26 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from claimkit.protocol import keys as _keys
-from claimkit.protocol.operator import cluster_layout
-from claimkit.protocol.store_calls import read_results as read_results
+from claimkit.protocol.result_delivery import ResultClaims, ResultListCounts, ResultOwnershipLost
+from claimkit.protocol.result_delivery import read_results as read_results
+from claimkit.result_reader import DEFAULT_LEASE_SECONDS, DEFAULT_POLL_SECONDS, open_result_reader
 from claimkit.store import StoreUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
+    from claimkit.protocol.result_delivery import ResultDelivery
     from claimkit.store import Store
 
 __all__ = [
-    "FOLLOW_BLOCK_SECONDS",
     "FOLLOW_RETRY_FIRST",
     "FOLLOW_RETRY_MAX",
     "follow_results",
     "read_results",
+    "reader_counts",
+    "reader_line",
+    "run_command",
 ]
-
-FOLLOW_BLOCK_SECONDS = 1.0
-"""How long one ``BLMOVE`` of ``results --follow`` blocks (well under the store's 10 s
-reply timeout, so a quiet list is not mistaken for a dead Redis)."""
 
 FOLLOW_RETRY_FIRST = 0.25
 """Seconds ``results --follow`` waits before its first retry after losing Redis; each
@@ -42,118 +43,141 @@ FOLLOW_RETRY_MAX = 5.0
 """The longest wait between two retries of ``results --follow`` while Redis is away."""
 
 
+class _Outage:
+    """Whether Redis is away, the one line saying so, and the backoff while it is."""
+
+    def __init__(
+        self, store: Store, name: str, notify: Callable[[str], None], first: float, most: float
+    ) -> None:
+        self.store, self.name, self.notify = store, name, notify
+        self.first, self.most = first, most
+        self.delay = first
+        self.away = False
+
+    async def wait(self, exc: StoreUnavailable) -> None:
+        if not self.away:
+            self.notify(
+                f"Redis at {self.store.url} is unavailable ({exc}); retrying with backoff "
+                "until it is back (Ctrl-C to stop)"
+            )
+            self.away = True
+        await trio.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.most)
+
+    def answered(self) -> None:
+        if self.away:
+            self.notify(f"Redis at {self.store.url} is back; following {self.name} again")
+            self.away, self.delay = False, self.first
+
+
 async def follow_results(
     store: Store,
     name: str,
     *,
-    emit: Callable[[bytes], None],
+    handle: Callable[[ResultDelivery], Awaitable[bool]],
     notify: Callable[[str], None],
     count: int | None = None,
-    holding: str | None = None,
-    block: float = FOLLOW_BLOCK_SECONDS,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    poll_seconds: float = DEFAULT_POLL_SECONDS,
     retry_first: float = FOLLOW_RETRY_FIRST,
     retry_max: float = FOLLOW_RETRY_MAX,
 ) -> int:
-    """Pop records from the list ``name`` oldest first and ``emit`` each, until ``count``
-    records (``None``: until cancelled). Returns how many were emitted.
+    """Read the list ``name`` durably, oldest first, until ``count`` records were acked
+    (``None``: until cancelled). Returns how many were acked.
 
-    A popped record survives a lost reply. A record is not popped with ``BRPOP``, whose
-    reply dies with a broken connection after Redis already removed the record: it is moved
-    with ``BLMOVE name holding RIGHT LEFT`` into a holding list of this reader's own
-    (:func:`claimkit.protocol.keys.results_holding_list`; on a Redis Cluster in the list's
-    slot, ``{<list>}:following:<hex>``, docs/topology.md#cluster-key-layout), emitted, and
-    only then deleted from there. A reply lost on the way leaves the record in the holding
-    list, and it is emitted from there once Redis answers again. The holding list has at
-    most one record. At worst a record is emitted twice (Ctrl-C between emitting it and
-    noting that), never not at all, unless the reader itself is killed with a record in its
-    holding list (docs/operations.md says how to move it back).
+    Each record is received under a lease of ``lease_seconds`` (docs/results.md#receive),
+    renewed every third of it while ``await handle(delivery)`` runs; when ``handle``
+    returns ``True`` the record is acked, when ``False`` it is left leased without renewal
+    and comes back after the lease, to this reader or another. An unparsable record is not
+    handed to ``handle``: one ``notify`` line names the list, its size and why, and it stays
+    leased (renewed while this reader runs, never acked or deleted;
+    docs/results.md#unparsable-records). An ack that finds the lease lost says so in one
+    line: the record is delivered again (at least once).
 
-    While Redis is unreachable (:class:`StoreUnavailable`: down, restarting, loading) this
-    says so once through ``notify`` (one line), retries with a backoff from
-    ``retry_first`` doubling up to ``retry_max`` seconds, and says so again when Redis is
-    back. Other errors (a ``WRONGTYPE`` reply, say) are raised. ``block`` is the seconds
-    one ``BLMOVE`` waits.
+    While Redis is unreachable (:class:`StoreUnavailable`) this says so once through
+    ``notify``, retries with a backoff from ``retry_first`` doubling up to ``retry_max``
+    seconds, and says so again when Redis is back; an ack is retried until it is done or
+    the lease is found lost. Other errors (a ``WRONGTYPE`` reply) are raised.
 
-    Cancellation: the normal way out (Ctrl-C). A record still in the holding list goes
-    back to the oldest end of ``name``, where it came from, or is deleted there when it
-    was already emitted (shielded, at most 5 s). If Redis cannot be reached for that, one
-    ``notify`` line names the holding list and how to move its record back.
+    Cancellation: the normal way out (Ctrl-C): nothing more is received and the renewals
+    stop; a record being handled or not yet acked stays leased and comes back after the
+    lease. A record can so be handled twice, never lost.
     """
-    holding = holding or _keys.results_holding_list(name, cluster=cluster_layout(store))
-    follower = _Follower(store, name, holding)
-    seen = 0
-    delay = retry_first
-    try:
-        while count is None or seen < count:
+    outage = _Outage(store, name, notify, retry_first, retry_max)
+    acked = 0
+    async with open_result_reader(
+        store, name, lease_seconds=lease_seconds, poll_seconds=poll_seconds
+    ) as reader:
+        while count is None or acked < count:
             try:
-                got = await follower.step(block)
+                delivery = await reader.receive()
             except StoreUnavailable as exc:
-                follower.maybe_held = True
-                if not follower.away:
-                    notify(
-                        f"Redis at {store.url} is unavailable ({exc}); retrying with backoff "
-                        "until it is back (Ctrl-C to stop)"
-                    )
-                    follower.away = True
-                await trio.sleep(delay)
-                delay = min(delay * 2, retry_max)
+                await outage.wait(exc)
                 continue
-            if follower.away:
-                notify(f"Redis at {store.url} is back; following {name} again")
-                follower.away, delay = False, retry_first
-            if got is not None:
-                emit(got)
-                seen += 1
-                follower.emitted_held = True
-    finally:
-        await follower.clean_up(notify)
-    return seen
+            outage.answered()
+            if delivery.unparsable is not None:
+                notify(
+                    f"{name}: unparsable record of {len(delivery.raw)} bytes "
+                    f"({delivery.unparsable}), left leased as claim {delivery.claim_id!r}: "
+                    "not acked, not deleted (docs/results.md#unparsable-records)"
+                )
+                continue
+            if not await handle(delivery):
+                reader.forget(delivery)
+                continue
+            while True:
+                try:
+                    await reader.ack(delivery)
+                    acked += 1
+                except ResultOwnershipLost:
+                    notify(
+                        f"{name}: result {delivery.id!r} lost its lease before the ack "
+                        f"(handled for longer than the {lease_seconds:g} s lease, or Redis "
+                        "was away): not acked; it is delivered again"
+                    )
+                except StoreUnavailable as exc:
+                    await outage.wait(exc)
+                    continue
+                outage.answered()
+                break
+    return acked
 
 
-class _Follower:
-    """The holding-list state of one :func:`follow_results` reader."""
+async def run_command(command: str, raw: bytes) -> int:
+    """Run ``command`` through ``/bin/sh -c`` with ``raw`` (a record's exact JSON) on its
+    standard input; its standard output and error are this process's. Returns its exit
+    status (negative: killed by that signal).
 
-    def __init__(self, store: Store, name: str, holding: str) -> None:
-        self.store, self.name, self.holding = store, name, holding
-        self.emitted_held = False  # the record in the holding list was emitted: delete it
-        self.maybe_held = False  # a reply may have been lost: look in the holding list first
-        self.away = False  # Redis was unreachable at the last try
+    Raises:
+        OSError: the shell could not be started.
 
-    async def step(self, block: float) -> bytes | None:
-        """One round trip: delete an emitted record, look for a held one, or move one."""
-        if self.emitted_held:
-            await self.store.command("DEL", self.holding)
-            self.emitted_held = False
-            return None
-        if self.maybe_held:
-            got: bytes | None = await self.store.command("LINDEX", self.holding, -1)
-            self.maybe_held = False
-            return got
-        self.maybe_held = True  # until the reply is in: Redis may have moved one
-        got = await self.store.command("BLMOVE", self.name, self.holding, "RIGHT", "LEFT", block)
-        self.maybe_held = False
-        return got
+    Cancellation: the command is sent SIGTERM, and SIGKILL if it has not exited 5 s later
+    (trio's ``run_process``).
+    """
+    done = await trio.run_process(command, shell=True, stdin=raw, check=False)
+    return done.returncode
 
-    async def clean_up(self, notify: Callable[[str], None]) -> None:
-        """Empty the holding list (shielded, at most 5 s), or say how to."""
-        store, name, holding = self.store, self.name, self.holding
-        cleaned = False
-        with trio.move_on_after(5, shield=True):
-            try:
-                if self.emitted_held:
-                    await store.command("DEL", holding)
-                else:
-                    await store.command("LMOVE", holding, name, "LEFT", "RIGHT")
-                cleaned = True
-            except StoreUnavailable:
-                pass
-        if not cleaned and self.emitted_held:
-            notify(
-                f"Redis at {store.url} is unavailable; the last record printed is still in "
-                f"{holding}: DEL {holding} removes it"
-            )
-        elif not cleaned and self.maybe_held:
-            notify(
-                f"Redis at {store.url} is unavailable; a record popped from {name} may wait "
-                f"in {holding}: LMOVE {holding} {name} LEFT RIGHT puts it back"
-            )
+
+async def reader_counts(store: Store, name: str) -> ResultListCounts | None:
+    """The durable-reader state of the list ``name`` (docs/results.md#keys), in one instant,
+    or ``None`` when it has none (no lease, no tombstone: nobody reads it durably).
+
+    Raises:
+        ValueError: on a Redis Cluster, a list name whose keys cannot share its slot.
+        StoreError: one of its keys holds another type; StoreUnavailable.
+
+    Cancellation: nothing is written.
+    """
+    counts = await ResultClaims(store, name).counts()
+    if counts.leased == 0 and counts.tombstones == 0:
+        return None
+    return counts
+
+
+def reader_line(name: str, counts: ResultListCounts) -> str:
+    """``claimkit inspect``'s one line about a durably read list: ``result list L: pending
+    N, leased M (K past their lease), tombstones T``."""
+    return (
+        f"result list {name}: pending {counts.pending}, leased {counts.leased} "
+        f"({counts.expired} past their lease), tombstones {counts.tombstones}"
+    )

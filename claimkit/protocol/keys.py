@@ -15,7 +15,6 @@ No other module builds a key. Two layouts:
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -257,6 +256,93 @@ class ResultKeys:
         )
 
 
+RESULT_CLAIMED_SUFFIX = ":result-claimed"
+RESULT_CLAIM_OWNERS_SUFFIX = ":result-claim-owners"
+RESULT_CLAIMS_INDEX_SUFFIX = ":result-claims-idx"
+RESULT_ACK_TOMBSTONES_SUFFIX = ":result-ack-tombstones"
+
+RESULT_TOMBSTONE_TTL_MS = 604_800_000
+"""How long an acked result's tombstone lives, and the ``PEXPIRE`` each ack sets on the
+tombstone set: 7 days, in milliseconds (docs/results.md#keys)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResultClaimKeys:
+    """A result list and the four keys of its durable readers (docs/results.md#keys), the
+    names llm-d-async's result readers use.
+
+    Standalone (and sentinel) they are ``L:result-claimed`` etc.; in the cluster layout
+    ``slot_key(L) + suffix`` (``{L}:result-claimed``; a tagged name is not wrapped again),
+    so every key shares the list's slot (docs/topology.md#cluster-key-layout). The list
+    keeps its name in both.
+
+    Attributes:
+        results: the result LIST ``L``: publishers ``LPUSH``, readers take the right end.
+        claimed: HASH claim id -> the exact record bytes a reader holds under a lease.
+        owners: HASH claim id -> the owner token of the reader that holds it.
+        index: ZSET claim id scored by lease expiry (Unix milliseconds, Redis server clock).
+        tombstones: ZSET claim id of an acked result scored by when its tombstone expires
+            (Unix milliseconds, Redis server clock; :data:`RESULT_TOMBSTONE_TTL_MS` after
+            the ack).
+    """
+
+    results: str
+    claimed: str
+    owners: str
+    index: str
+    tombstones: str
+
+    TYPES: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("results", "list", "result list"),
+        ("claimed", "hash", "result-claimed hash"),
+        ("owners", "hash", "result-claim-owners hash"),
+        ("index", "zset", "result claims index"),
+        ("tombstones", "zset", "result ack tombstones"),
+    )
+    """``(attribute, Redis TYPE name, what the key is in one-line errors)``, in key order
+    (the order the result scripts declare them)."""
+
+    def types(self) -> dict[str, str]:
+        """The Redis ``TYPE`` of each of these keys, by key name."""
+        return {getattr(self, attr): kind for attr, kind, _what in self.TYPES}
+
+    def described(self) -> list[tuple[str, str, str]]:
+        """``(key name, Redis TYPE name, what it is)`` for each of these keys, in key order."""
+        return [(getattr(self, attr), kind, what) for attr, kind, what in self.TYPES]
+
+    def all(self) -> list[str]:
+        """The five key names in key order: the list, then the four reader keys."""
+        return [getattr(self, attr) for attr, _kind, _what in self.TYPES]
+
+    def reader_state(self) -> list[str]:
+        """The four keys durable readers write (every key but the list): while any exists,
+        a destructive pop of the list is refused
+        (docs/results.md#never-mix-popping-and-durable-readers)."""
+        return self.all()[1:]
+
+    @classmethod
+    def for_list(cls, name: str, *, cluster: bool = False) -> ResultClaimKeys:
+        """The keys of result list ``name``: ``name + suffix`` standalone, ``slot_key(name)
+        + suffix`` with ``cluster`` (docs/topology.md#cluster-key-layout).
+
+        Raises:
+            ValueError: with ``cluster``, ``name`` is one whose derived keys cannot share
+                its slot (:func:`cluster_name_problem`).
+        """
+        if cluster:
+            problem = cluster_name_problem(name)
+            if problem is not None:
+                raise ValueError(f"result list {problem}")
+        base = slot_key(name) if cluster else name
+        return cls(
+            results=name,
+            claimed=base + RESULT_CLAIMED_SUFFIX,
+            owners=base + RESULT_CLAIM_OWNERS_SUFFIX,
+            index=base + RESULT_CLAIMS_INDEX_SUFFIX,
+            tombstones=base + RESULT_ACK_TOMBSTONES_SUFFIX,
+        )
+
+
 def result_terminal(request_id: str) -> str:
     """Dedup marker of a request's terminal record (docs/protocol.md#keys, docs/protocol.md#ack)."""
     return RESULT_TERMINAL_PREFIX + request_id
@@ -276,23 +362,6 @@ def request_cancel(request_id: str) -> str:
 def claimed_score_field(request_id: str) -> str:
     """The ``<q>:claimed`` field holding a claim's original pending score."""
     return request_id + ":score"
-
-
-def results_holding_list(result_list: str, *, cluster: bool = False) -> str:
-    """A fresh name for the one-record holding list of a ``claimkit results --follow``
-    reader of ``result_list``: ``<list>:following:<16 hex>`` (claimkit addition); in the
-    cluster layout ``slot_key(list) + ":following:<16 hex>"``, so the list and its holding
-    list share a slot (``BLMOVE``/``LMOVE`` between them; docs/topology.md#cluster-key-layout).
-    A tagged name (``{t}:results``) gives the same name in both layouts."""
-    return results_holding_prefix(result_list, cluster=cluster) + secrets.token_hex(8)
-
-
-def results_holding_prefix(result_list: str, *, cluster: bool = False) -> str:
-    """What every holding list of ``result_list`` starts with (:func:`results_holding_list`;
-    ``claimkit acl`` grants ``~<prefix>*``): ``<list>:following:``, in the cluster layout
-    ``slot_key(list) + ":following:"``."""
-    base = slot_key(result_list) if cluster else result_list
-    return f"{base}:following:"
 
 
 def retry_dead(retry_set: str) -> str:

@@ -1,6 +1,6 @@
-"""Protocol calls not tied to one queue: the retry mover over the shared retry set, the
-key-type check and reading a result list, plus the chunking every batched call shares
-(docs/protocol.md)."""
+"""Protocol calls not tied to one queue: the retry mover over the shared retry set and the
+key-type check, plus the chunking every batched call shares (docs/protocol.md). Reading a
+result list is :mod:`claimkit.protocol.result_delivery`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from claimkit.store import Store
 
-__all__ = ["CHUNK", "as_int", "chunks", "first_wrong_type", "move_retries", "read_results"]
+__all__ = ["CHUNK", "as_int", "chunks", "first_wrong_type", "move_retries"]
 
 CHUNK = 500
 """Items per script call. A chunk keeps one script near or under ~5 ms of Redis time."""
@@ -71,21 +71,3 @@ async def first_wrong_type(
         if found not in ("none", expected[name]):
             return name, found, expected[name]
     return None
-
-
-async def read_results(store: Store, name: str, *, count: int, pop: bool) -> list[bytes]:
-    """The oldest ``count`` records of the list ``name``, oldest first.
-
-    With ``pop`` they are removed (``RPOP``: a producer reading this way gets each record
-    once); without it they stay (``LRANGE``). An empty or missing list gives ``[]``.
-
-    Raises:
-        StoreError: a ``WRONGTYPE`` reply, or any other Redis error;
-            :class:`~claimkit.store.StoreUnavailable` when Redis cannot be reached.
-
-    Cancellation: one round trip; a cancelled ``RPOP`` whose reply was lost has removed
-    its records (use :func:`claimkit.ops.results.follow_results` where that matters).
-    """
-    if pop:
-        return list(await store.command("RPOP", name, count) or [])
-    return list(reversed(await store.command("LRANGE", name, -count, -1)))
