@@ -454,7 +454,7 @@ async def test_a_pause_is_honoured_at_the_next_poll_and_a_resume_too(
     caplog.set_level("INFO", logger="claimkit")
     server = FakeServer()
     server.submit(Q, "r0", FAR)
-    handler = Blocking(finish_at={"r0": 12.0, "r1": 22.0, "r2": 22.0})
+    handler = Blocking(finish_at={"r0": 12.0, "r1": 22.0, "r2": 22.5})
     config = make_config(drain_timeout_seconds=DRAIN)
     labels = {"queue_id": Q, "queue_name": Q, "pool_name": ""}
     gauge = "llm_d_async_async_queue_paused"
