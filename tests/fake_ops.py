@@ -36,6 +36,7 @@ from claimkit.protocol.models import (
     parse_member,
 )
 from claimkit.protocol.ops import CHUNK, ORPHAN_SCAN_COUNT, AckItem
+from claimkit.protocol.pause import PauseMark, parse_pause
 from claimkit.protocol.replies import ClaimCode, ParkCode, ReclaimCounts, ReleaseCode, RenewCode
 from claimkit.protocol.routing import ResultRouting
 
@@ -85,6 +86,7 @@ class FakeQueue:
     claims: dict[str, FakeClaim] = field(default_factory=dict)
     deliveries: dict[str, int] = field(default_factory=dict)
     dead: dict[bytes, float] = field(default_factory=dict)
+    paused: bytes | None = None  # <q>:paused, absent when None (docs/protocol.md#pause)
 
     def claimed_fields(self) -> set[str]:
         """The fields of ``<q>:claimed``: ``<id>`` and ``<id>:score`` per claim."""
@@ -299,6 +301,11 @@ class FakeQueueOps:
     async def peek(self, count: int) -> list[bytes]:
         await self._enter("peek")
         return self.q.ordered()[:count]
+
+    async def peek_unless_paused(self, count: int) -> tuple[PauseMark | None, list[bytes]]:
+        await self._enter("peek")
+        mark = parse_pause(self.q.paused)
+        return (mark, []) if mark is not None else (None, self.q.ordered()[:count])
 
     async def dead_letter(self, invalid: Sequence[Invalid]) -> tuple[int, int]:
         now = await self._enter("dead_letter", [bad.id or "" for bad in invalid])

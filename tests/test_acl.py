@@ -198,10 +198,18 @@ def test_the_printed_rules_are_enough_for_every_command(
     shown = cli(operator, "inspect", "-q", Q, "--json", conf=config(hang))
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["counts"]["claimed"] == 3
+    # Paused first (the consumer reads the pause key with every peek), then drained.
+    paused = cli(operator, "pause", "-q", Q, "--reason", "acl", conf=config(hang))
+    assert paused.returncode == 0, paused.stderr
+    assert paused.stdout.startswith(f"claimkit pause {Q}: paused since ")
     drained = cli(operator, "drain", "-q", Q, "--release-all", conf=config(hang))
     assert drained.returncode == 0, drained.stderr
     assert drained.stdout.strip().startswith(f"claimkit drain {Q}: released=3 of 3 claims")
     stop(proc, log)
+    assert "NOPERM" not in log.read_text()
+    resumed = cli(operator, "resume", "-q", Q, conf=config(hang))
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.startswith(f"claimkit resume {Q}: resumed; it was paused since ")
     reclaimed = cli(operator, "reclaim", "--once", conf=config(hang))
     assert reclaimed.returncode == 0, reclaimed.stderr
 

@@ -156,6 +156,7 @@ def test_inspect_json_matches_the_redis_state_exactly(redis_url: str) -> None:
         "queue": Q,
         "redis_url": redis_url,
         "server_time": t,
+        "paused": None,
         "counts": {
             "pending": 3,
             "claimed": 2,

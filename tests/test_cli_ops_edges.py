@@ -424,6 +424,7 @@ def test_drain_dry_run_table_states_no_total_that_could_disagree(
 
 def test_the_runbook_lists_exactly_the_inspect_json_fields(redis_url: str) -> None:
     do(redis_url, *_claims("dq", ["a"]))
+    assert invoke(["pause", "-q", "dq", "--reason", "r", "--for", "60"], redis_url).exit_code == 0
     doc = strict_json(invoke(["inspect", "-q", "dq", "--json"], redis_url).stdout)
     text = (ROOT / "docs" / "operations.md").read_text()
     start = r"^- `--json` prints one document for scripts"
@@ -432,8 +433,9 @@ def test_the_runbook_lists_exactly_the_inspect_json_fields(redis_url: str) -> No
     named = re.findall(r"`([a-z_]+)(?:\[\])?`", bullet.group(0))
     top = [n for n in named if n in doc]
     assert top == list(doc), "top-level fields, in order"
-    for nested in ("counts", "retry_set"):
+    for nested in ("paused", "counts", "retry_set"):
         assert set(doc[nested]) <= set(named), nested
     assert set(doc["claims"][0]) <= set(named)
     documented_only = set(named) - set(doc) - set(doc["counts"]) - set(doc["retry_set"])
+    documented_only -= set(doc["paused"])
     assert documented_only - set(doc["claims"][0]) == {"null"}  # "(`null` when ...)"

@@ -136,6 +136,7 @@ def test_queue_keys_standalone_names_are_unchanged() -> None:
         index="q:claims-idx",
         deliveries="q:deliveries",
         dead="q:dead",
+        paused="q:paused",
         retry_set="retry-sortedset",
         retry_dead="retry-sortedset:dead",
         outbox=None,
@@ -148,6 +149,7 @@ def test_queue_keys_standalone_names_are_unchanged() -> None:
         "q:claims-idx": "zset",
         "q:deliveries": "hash",
         "q:dead": "zset",
+        "q:paused": "string",
     }
     assert QueueKeys.for_queue("q", retry_set="r").retry_dead == "r:dead"
 
@@ -162,13 +164,15 @@ def test_queue_keys_cluster_layout() -> None:
         ("{q}:claims-idx", "zset", "claims index"),
         ("{q}:deliveries", "hash", "deliveries hash"),
         ("{q}:dead", "zset", "dead set"),
+        ("{q}:paused", "string", "pause key"),
         ("{q}:outbox", "hash", "outbox hash"),
         ("{q}:retry-sortedset", "zset", "retry set"),
         ("{q}:retry-sortedset:dead", "zset", "retry dead set"),
     ]
     tagged = QueueKeys.for_queue("{t}:q", cluster=True, retry_set="rs")
-    assert (tagged.claimed, tagged.outbox, tagged.retry_set, tagged.retry_dead) == (
+    assert (tagged.claimed, tagged.paused, tagged.outbox, tagged.retry_set, tagged.retry_dead) == (
         "{t}:q:claimed",
+        "{t}:q:paused",
         "{t}:q:outbox",
         "{t}:q:rs",
         "{t}:q:rs:dead",
@@ -212,6 +216,7 @@ def test_serve_checks_the_cluster_layouts_keys() -> None:
         "{q}:claims-idx": ("zset", "claims index '{q}:claims-idx' of queue 'q'"),
         "{q}:deliveries": ("hash", "deliveries hash '{q}:deliveries' of queue 'q'"),
         "{q}:dead": ("zset", "dead set '{q}:dead' of queue 'q'"),
+        "{q}:paused": ("string", "pause key '{q}:paused' of queue 'q'"),
         "{q}:outbox": ("hash", "outbox hash '{q}:outbox' of queue 'q'"),
         "{q}:retry-sortedset": ("zset", "retry set '{q}:retry-sortedset' of queue 'q'"),
         "{q}:retry-sortedset:dead": (

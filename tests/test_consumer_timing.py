@@ -440,3 +440,51 @@ async def test_the_reclaimer_runs_at_start_then_every_interval_and_redelivers_la
     assert run.summary.redelivered == 1
     assert q.deliveries == {"orphan": 1}
     assert run.summary.released == 2
+
+
+# -- pause (docs/protocol.md#pause) -----------------------------------------------------------
+
+
+async def test_a_pause_is_honoured_at_the_next_poll_and_a_resume_too(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Paused at 2.5 s: the 3 s poll claims nothing, nor does any poll after, while the
+    request claimed at 0 s is renewed and acked at 12 s. Resumed at 20.5 s: the 21 s poll
+    claims the rest. One INFO line each way, the gauge 1 then 0, every peek one call."""
+    caplog.set_level("INFO", logger="claimkit")
+    server = FakeServer()
+    server.submit(Q, "r0", FAR)
+    handler = Blocking(finish_at={"r0": 12.0, "r1": 22.0, "r2": 22.5})
+    config = make_config(drain_timeout_seconds=DRAIN)
+    labels = {"queue_id": Q, "queue_name": Q, "pool_name": ""}
+    gauge = "llm_d_async_async_queue_paused"
+    async with running(server, config, handler) as run:
+        registry = run.consumer.metrics.registry
+        await trio.sleep_until(2.5)
+        assert registry.get_sample_value(gauge, labels) == 0.0
+        server.queue(Q).paused = b'{"since":1.0,"reason":"redis move"}'
+        server.submit(Q, "r1", FAR + 1)
+        server.submit(Q, "r2", FAR + 2)
+        await trio.sleep_until(20.5)
+        assert registry.get_sample_value(gauge, labels) == 1.0
+        assert sorted(server.queue(Q).pending.values()) == [FAR + 1, FAR + 2]
+        server.queue(Q).paused = None
+        await trio.sleep_until(23.5)
+        assert registry.get_sample_value(gauge, labels) == 0.0
+        run.consumer.request_stop()
+    claims = server.log("claim")
+    assert [(c.at, c.ids) for c in claims] == [(0.0, ("r0",)), (21.0, ("r1", "r2"))]
+    assert [r["id"] for r in server.records()] == ["r0", "r1", "r2"]
+    assert handler.started == {"r0": 0.0, "r1": 21.0, "r2": 21.0}
+    assert [(c.at, c.ids) for c in server.log("renew")] == [(10.0, ("r0",))]
+    peeks = times(server.log("peek"))
+    assert [t for t in peeks if 2.5 < t < 20.5] == [float(s) for s in range(3, 21)]
+    lines = [r.getMessage() for r in caplog.records if "is paused" in r.getMessage()]
+    assert lines == [
+        "queue requests is paused (redis move): claiming nothing new from it; "
+        "work in flight goes on"
+    ]
+    resumed = [r for r in caplog.records if "is resumed" in r.getMessage()]
+    assert [(r.levelname, r.getMessage()) for r in resumed] == [
+        ("INFO", "queue requests is resumed: claiming again")
+    ]

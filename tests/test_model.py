@@ -87,7 +87,7 @@ STAMPED = {"claim", "renew", "park"}
 # lease at a claim ("grant") and at a renew ("renewal").
 CODES = {"claim": ClaimCode, "renew": RenewCode, "release": ReleaseCode, "park": ParkCode}
 MOVES = {"dead_letter": "moved pushed", "move_retries": "moved", "reclaim": "redelivered dead"}
-MOVES |= {"grant": "ttl cap floor", "renewal": "ttl cap kept"}
+MOVES |= {"grant": "ttl cap floor", "renewal": "ttl cap kept", "poll_peek": "paused open"}
 REQUIRED: set[tuple[str, Any]] = {(op, c) for op, cs in CODES.items() for c in cs}
 REQUIRED |= {(op, what) for op, whats in MOVES.items() for what in whats.split()}
 
@@ -310,6 +310,21 @@ class ProtocolMachine(RuleBasedStateMachine):
         real, fake = self.both("peek", count)
         assert real == fake
 
+    @rule(count=st.sampled_from([1, 3, 100]))
+    def poll_peek(self, count: int) -> None:
+        real, fake = self.both("peek_unless_paused", count)
+        assert real == fake
+        self.saw("poll_peek", ["paused" if real[0] is not None else "open"])
+
+    @rule(value=st.sampled_from([None, b"1", b'{"since":1.5,"reason":"r"}']))
+    def pause_or_resume(self, value: bytes | None) -> None:
+        # `claimkit pause` / `resume`, or a key set by hand: any value pauses.
+        if value is None:
+            self.redis("DEL", K.paused)
+        else:
+            self.redis("SET", K.paused, value)
+        self.fq.paused = value
+
     @rule(data=st.data())
     def dead_letter(self, data: st.DataObject) -> None:
         # Malformed members as a poller finds them, or stale ones another consumer moved.
@@ -515,6 +530,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             marker = await s.command("GET", f"result-terminal:{rid}")
             expected = f.marker(rid)
             assert marker == (expected.encode() if expected is not None else None)
+        assert await s.command("GET", K.paused) == q.paused
         assert await s.command("EXISTS", "retry-sortedset:dead") == 0
         assert not f.retry_dead
 

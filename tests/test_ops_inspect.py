@@ -23,6 +23,7 @@ from claimkit.ops.inspect import (
     with_scores,
 )
 from claimkit.protocol.ops import new_token
+from claimkit.protocol.pause import PauseMark
 
 if TYPE_CHECKING:
     from claimkit.store import Store
@@ -42,6 +43,7 @@ READ_ONLY_COMMANDS = {
     "hscan",
     "zscore",
     "hget",
+    "get",
     "hexists",
     "llen",
     "type",
@@ -282,11 +284,13 @@ def test_snapshot_json_document_shape() -> None:
         claims=(row,),
         limit=50,
         leases=1,
+        paused=PauseMark(since=100.5, reason="redis move"),
     )
     assert snap.to_json(url="redis://u:***@h:1/0") == {
         "queue": "q",
         "redis_url": "redis://u:***@h:1/0",
         "server_time": 115.0,
+        "paused": {"since": 100.5, "reason": "redis move", "until": None},
         "counts": {
             "pending": 1,
             "claimed": 1,

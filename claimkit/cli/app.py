@@ -1,7 +1,8 @@
 """The ``claimkit`` command line (docs/cli.md): one typer app.
 
 ``serve``, ``submit``, ``sim`` and ``demo`` live here; the operator commands (``inspect``,
-``drain``, ``reclaim``, ``dead``, ``results``, ``cancel``) in :mod:`claimkit.cli.ops_commands`.
+``drain``, ``pause``, ``resume``, ``reclaim``, ``dead``, ``results``, ``cancel``) in
+:mod:`claimkit.cli.ops_commands`.
 """
 
 from __future__ import annotations

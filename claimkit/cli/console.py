@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from claimkit.ops.dead import DeadLetter, DeathCause
     from claimkit.ops.inspect import ClaimRow, QueueSnapshot
+    from claimkit.protocol.pause import PauseMark
 
 __all__ = [
     "Console",
@@ -37,6 +38,7 @@ __all__ = [
     "format_time",
     "live_view",
     "make_console",
+    "pause_text",
     "progress_bar",
     "short_token",
     "snapshot_view",
@@ -182,6 +184,18 @@ def _counts(snap: QueueSnapshot) -> Text:
     return text
 
 
+def pause_text(mark: PauseMark) -> str:
+    """A pause mark in words (docs/cli.md): ``since 2030-01-01T00:00:00Z (reason)``, the
+    reason left out when there is none, ``since an unknown time`` for a mark without one
+    (a key set by hand), and ``, until <time>`` when it resumes by itself."""
+    text = "since an unknown time" if mark.since is None else f"since {format_time(mark.since)}"
+    if mark.reason:
+        text += f" ({mark.reason})"
+    if mark.until is not None:
+        text += f", until {format_time(mark.until)}"
+    return text
+
+
 def snapshot_view(snap: QueueSnapshot, *, url: str) -> RenderableType:
     """The ``inspect`` screen: a header, the counts, the oldest deadline, the claim table.
 
@@ -202,7 +216,10 @@ def snapshot_view(snap: QueueSnapshot, *, url: str) -> RenderableType:
         style="dim",
     )
     shown = f"claims ({len(snap.claims)} of {snap.leases}, earliest lease expiry first)"
-    parts: list[RenderableType] = [header, _counts(snap), oldest, detail]
+    parts: list[RenderableType] = [header]
+    if snap.paused is not None:  # consumers claim nothing new (docs/protocol.md#pause)
+        parts.append(Text(f"paused {pause_text(snap.paused)}", style="bold yellow"))
+    parts += [_counts(snap), oldest, detail]
     if snap.claims:
         parts.append(claims_table(snap.claims, now=snap.server_time, title=shown))
     else:

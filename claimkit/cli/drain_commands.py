@@ -50,8 +50,10 @@ def drain(
     Each claim is released fenced by the owner token and lease expiry read just before, in
     batches: a claim acked, reclaimed or renewed meanwhile is left alone and counted. Safe
     while consumers run (their heartbeat drops the released work) and safe to run twice.
-    Shows a progress bar on a terminal and ends with one count line. --dry-run shows the
-    first --limit claims (earliest lease expiry first) and counts every claim in batches
+    Running consumers claim the released requests again unless the queue is paused
+    (claimkit pause): on a queue that is not paused, a hint on stderr says so. Shows a
+    progress bar on a terminal and ends with one count line. --dry-run shows the first
+    --limit claims (earliest lease expiry first) and counts every claim in batches
     of --batch-size, as a real drain would read them; the table states no total of its
     own, so the two cannot disagree while consumers claim and ack.
 
@@ -67,8 +69,10 @@ def drain(
     from claimkit.cli.console import claims_table, progress_bar
     from claimkit.ops.drain import drain_claims
     from claimkit.ops.inspect import snapshot
+    from claimkit.ops.pause import read_pause
 
-    async def go(store: Store) -> tuple[DrainReport, QueueSnapshot | None]:
+    async def go(store: Store) -> tuple[DrainReport, QueueSnapshot | None, bool]:
+        paused = await read_pause(store, queue) is not None
         if dry_run:
             # The table: one bounded read. The count: batched reads like a real drain's,
             # never one script call over every claim (a few ms per script,
@@ -80,14 +84,15 @@ def drain(
                 retry_set=config.retry_queue_name,
                 limit=limit,
             )
-            return await drain_claims(store, queue, dry_run=True, batch_size=batch_size), snap
+            report = await drain_claims(store, queue, dry_run=True, batch_size=batch_size)
+            return report, snap, paused
         with progress_bar(f"releasing {queue} claims") as (set_total, advance):
             report = await drain_claims(
                 store, queue, batch_size=batch_size, progress=advance, on_start=set_total
             )
-        return report, None
+        return report, None, paused
 
-    report, snap = with_store(config, go, key_types=target.key_types)
+    report, snap, paused = with_store(config, go, key_types=target.key_types)
     if snap is not None and snap.claims:
         title = (
             f"claims that would go back to pending: the first {len(snap.claims)}, "
@@ -99,6 +104,13 @@ def drain(
         typer.echo(
             "claimkit drain: some claims changed while draining and were left alone; "
             "run it again to release them",
+            err=True,
+        )
+    if report.released and not paused:
+        typer.echo(
+            f"claimkit drain: hint: {queue} is not paused, so running consumers claim the "
+            f"released requests again; to hand them back for good run "
+            f"'claimkit pause -q {queue}' first (docs/operations.md#a-planned-restart)",
             err=True,
         )
 

@@ -1,10 +1,11 @@
 """The operator commands (docs/cli.md): ``inspect``, ``drain``, ``reclaim``, ``dead``,
-``results`` and ``cancel``, registered on the main app by :func:`register`.
+``results``, ``cancel``, ``pause`` and ``resume``, registered on the main app by
+:func:`register`.
 
 Each lives in its own module (:mod:`~claimkit.cli.inspect_command`,
 :mod:`~claimkit.cli.drain_commands`, :mod:`~claimkit.cli.dead_commands`,
-:mod:`~claimkit.cli.results_commands`) and is a thin layer over :mod:`claimkit.ops`
-through one skeleton (:mod:`claimkit.cli.runner`).
+:mod:`~claimkit.cli.results_commands`, :mod:`~claimkit.cli.pause_commands`) and is a thin
+layer over :mod:`claimkit.ops` through one skeleton (:mod:`claimkit.cli.runner`).
 
 They share serve's configuration (docs/configuration.md: ``--transport-config``/``-file``,
 ``--redis-url``, ``$REDIS_URL``). A queue named with ``--queue`` must be one of the
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from claimkit.cli.dead_commands import dead_app
 from claimkit.cli.drain_commands import drain, reclaim
 from claimkit.cli.inspect_command import inspect_queue
+from claimkit.cli.pause_commands import pause, resume
 from claimkit.cli.results_commands import cancel, results
 
 if TYPE_CHECKING:
@@ -33,6 +35,8 @@ def register(app: typer.Typer) -> None:
     """Add the operator commands to ``app`` (called by :mod:`claimkit.cli.app`)."""
     app.command("inspect")(inspect_queue)
     app.command("drain")(drain)
+    app.command("pause")(pause)
+    app.command("resume")(resume)
     app.command("reclaim")(reclaim)
     app.command("results")(results)
     app.command("cancel")(cancel)

@@ -39,6 +39,7 @@ from claimkit.consumer.claims import HeldClaims, Summary
 from claimkit.consumer.dispatch import Outcome, Target, dispatch, open_http_client
 from claimkit.consumer.gates import make_gate
 from claimkit.consumer.metrics import Metrics
+from claimkit.consumer.pause import PauseWatch
 from claimkit.consumer.poll import Handler, Poller
 from claimkit.consumer.preflight import (
     KeyRole,
@@ -189,6 +190,7 @@ class Consumer:
             metrics=metrics,
             claims=HeldClaims(q.queue_name, self.summary, metrics),
             breaker=GatewayBreaker(q.queue_name, q.igw_base_url, metrics),
+            pause=PauseWatch(q.queue_name, metrics.paused),
         )
 
     # -- public ------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class QueueMetrics:
     gateway_no_response: Counter
     gateway_unsent: Counter
     gateway_breaker_open: Gauge
+    paused: Gauge
 
 
 class Metrics:
@@ -102,6 +103,10 @@ class Metrics:
             "1 while this queue's gateway breaker is open (claiming paused until the gateway"
             " answers a probe), else 0",
         )
+        self.paused = gauge(
+            "async_queue_paused",
+            "1 while this process sees the queue paused (claimkit pause): it claims nothing new",
+        )
 
     def for_queue(self, queue: QueueConfig) -> QueueMetrics:
         labels = (queue.queue_id, queue.queue_name, queue.labels.get("pool_name", ""))
@@ -122,4 +127,5 @@ class Metrics:
             gateway_no_response=self.gateway_no_response.labels(*labels),
             gateway_unsent=self.gateway_unsent.labels(*labels),
             gateway_breaker_open=self.gateway_breaker_open.labels(*labels),
+            paused=self.paused.labels(*labels),
         )

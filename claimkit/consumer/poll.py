@@ -151,10 +151,13 @@ class Poller:
                 await trio.sleep(interval if self._health.ok else max(interval, 0.25))
 
     async def _poll_once(self, q: QueueRuntime, slots: list[object]) -> bool:
-        """One peek -> check -> claim round. Takes ownership of the slots it uses (removes
-        them from ``slots``). Returns True when the poller should wait ``poll_interval``."""
-        members = await q.ops.peek(len(slots))
+        """One peek -> check -> claim round; no claim while the queue is paused. Takes
+        ownership of the slots it uses (removes them from ``slots``). Returns True when the
+        poller should wait ``poll_interval``."""
+        paused, members = await q.ops.peek_unless_paused(len(slots))
         self._health.answered()
+        if q.pause.see(paused):
+            return True  # claim nothing new; look again next poll (docs/protocol.md#pause)
         if not members:
             return True
         valid = await self._sort(q, members)

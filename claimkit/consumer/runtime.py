@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from claimkit.consumer.dispatch import Target
     from claimkit.consumer.gates import Gate
     from claimkit.consumer.metrics import QueueMetrics
+    from claimkit.consumer.pause import PauseWatch
     from claimkit.consumer.preflight import KeyRole, WrongTypeProbe
     from claimkit.protocol.ops import QueueProtocol
 
@@ -45,6 +46,7 @@ class QueueRuntime:
     metrics: QueueMetrics
     claims: HeldClaims
     breaker: GatewayBreaker  # docs/dispatch.md#the-gateway-is-unreachable
+    pause: PauseWatch  # whether its poller last found it paused (docs/protocol.md#pause)
     inflight: int = 0
     gate_error: str = ""  # the last gate error logged, so a stuck gate is logged once
 

@@ -4,7 +4,8 @@ Three roles, each the commands and keys of the claimkit commands it runs:
 
 - ``consumer``: ``claimkit serve``.
 - ``producer``: ``claimkit submit``, ``cancel`` and ``results`` (``Producer``).
-- ``operator``: ``inspect``, ``drain``, ``reclaim``, ``dead``, ``results``, ``cancel``.
+- ``operator``: ``inspect``, ``drain``, ``reclaim``, ``dead``, ``results``, ``cancel``,
+  ``pause``, ``resume``.
 
 Every key pattern comes from the key builder (:mod:`claimkit.protocol.keys`) and the gate
 parameters (:func:`claimkit.config.gate_params.budget_key`), and the commands a role's Lua
@@ -43,15 +44,17 @@ ROLES = ("consumer", "producer", "operator")
 # SCRIPT FLUSH) is sent again whole, which also loads it. MULTI/EXEC wrap the atomic reads
 # and writes; claimkit never sends them when a role has no transaction.
 _COMMANDS: dict[str, tuple[str, ...]] = {
-    # serve: key-type preflight, peek, backlog gauge, the redis gate's budget, scripts.
+    # serve: key-type preflight, peek (with GET of the pause key), backlog gauge, the redis
+    # gate's budget, scripts.
     "consumer": tuple("INFO EVALSHA EVAL TYPE ZRANGE ZCARD GET".split()),
     # submit (TIME, TYPE, then DEL/SET/ZADD in MULTI/EXEC), cancel (TYPE, GET, SET),
     # results (LRANGE; --pop and --follow: the result scripts).
     "producer": tuple("INFO EVALSHA EVAL TIME TYPE MULTI EXEC DEL SET ZADD GET LRANGE".split()),
-    # inspect, drain, reclaim, dead list/requeue/purge, results, cancel.
+    # inspect, drain, reclaim, dead list/requeue/purge, results, cancel, pause (TIME, SET,
+    # GET), resume (GETDEL).
     "operator": tuple(
         "INFO EVALSHA EVAL TIME TYPE MULTI EXEC ZCARD ZRANGE LLEN HMGET HKEYS ZMSCORE ZREM "
-        "ZREMRANGEBYSCORE DEL SET GET LRANGE".split()
+        "ZREMRANGEBYSCORE DEL SET GET GETDEL LRANGE".split()
     ),
 }
 # The Lua scripts each role runs; the commands they call are read from their sources.
@@ -163,8 +166,8 @@ def _queue_keys(
     queue: str, *, cluster: bool, retry_set: str, pending_only: bool = False
 ) -> list[str]:
     """The keys of ``queue`` a role touches, in key order: every per-queue key of the
-    layout (standalone: the six; cluster: also the outbox and the queue's retry sets), or
-    only the pending set."""
+    layout (standalone: the seven, the pause key included; cluster: also the outbox and the
+    queue's retry sets), or only the pending set."""
     keys = _keys.QueueKeys.for_queue(queue, cluster=cluster, retry_set=retry_set)
     if pending_only:
         return [keys.pending]

@@ -21,6 +21,7 @@ from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import retry_queue_name
 from claimkit.protocol.operator import OperatorScripts, cluster_layout
 from claimkit.protocol.ops import first_wrong_type, token_time
+from claimkit.protocol.pause import PauseMark, parse_pause
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, MutableMapping, Sequence
@@ -56,7 +57,7 @@ def queue_key_types(
     queue: str, *, cluster: bool = False, retry_set: str = _keys.DEFAULT_RETRY_SET
 ) -> dict[str, str]:
     """The Redis type of every per-queue key of ``queue`` (docs/protocol.md#keys), by key
-    name: the six standalone keys, or with ``cluster`` the cluster layout's names, the
+    name: the seven standalone keys, or with ``cluster`` the cluster layout's names, the
     queue's outbox and its own retry sets (``{q}:<retry_set>``) included
     (:meth:`QueueKeys.types <claimkit.protocol.keys.QueueKeys.types>`,
     docs/topology.md#cluster-key-layout)."""
@@ -176,6 +177,8 @@ class QueueSnapshot:
             slot (``HLEN {q}:outbox``, docs/topology.md#cluster-key-layout): acked claims
             whose record is not pushed yet; any reclaimer pushes them. ``None`` standalone,
             which has no outbox.
+        paused: the queue's pause mark (``<q>:paused``, docs/protocol.md#pause), read
+            with the retry set; ``None`` when it is not paused.
     """
 
     queue: str
@@ -197,6 +200,7 @@ class QueueSnapshot:
     orphans: int = 0
     claims_exact: bool = True
     outbox: int | None = None
+    paused: PauseMark | None = None
 
     @property
     def result_count(self) -> int:
@@ -228,6 +232,7 @@ class QueueSnapshot:
         doc.update(
             {
                 "server_time": self.server_time,
+                "paused": None if self.paused is None else self.paused.to_json(),
                 "counts": counts,
                 "oldest_pending_deadline": json_float(self.oldest_pending_deadline),
                 "retry_set": {
@@ -288,9 +293,10 @@ async def snapshot(
     """Read one queue's state without changing it (``claimkit inspect``, docs/cli.md).
 
     Two round trips: the read-only ``inspect`` script for the queue's own keys
-    (docs/protocol.md#keys; one consistent instant), then one pipeline for the retry set and
-    the result lists (a ``MULTI``; on a Redis Cluster, whose keys here span slots, a plain
-    pipeline that also reads the queue's outbox, docs/topology.md#cluster-key-layout).
+    (docs/protocol.md#keys; one consistent instant), then one pipeline for the retry set,
+    the result lists and the pause key (a ``MULTI``; on a Redis Cluster, whose keys here
+    span slots, a plain pipeline that also reads the queue's outbox,
+    docs/topology.md#cluster-key-layout).
 
     Args:
         store: an open store; its mode picks the key layout (:func:`cluster_layout`).
@@ -346,6 +352,7 @@ async def snapshot(
         ("ZCARD", keys.retry_set),
         ("ZRANGE", keys.retry_set, 0, RETRY_SCAN_MAX - 1),
         *(("LLEN", name) for name in lists),
+        ("GET", keys.paused),
     ]
     if keys.outbox is not None:
         calls.append(("HLEN", keys.outbox))
@@ -354,6 +361,7 @@ async def snapshot(
     retry_total = int(extra[0])
     retrying = sum(1 for member in extra[1] if retry_queue_name(member) == queue)
     list_lengths = extra[2 : 2 + len(lists)]
+    paused = parse_pause(extra[2 + len(lists)])
     return QueueSnapshot(
         queue=queue,
         server_time=now,
@@ -374,6 +382,7 @@ async def snapshot(
         orphans=found.orphans,
         claims_exact=found.claims_exact,
         outbox=None if keys.outbox is None else int(extra[-1]),
+        paused=paused,
     )
 
 

@@ -44,6 +44,9 @@ PENDING_TYPE = "zset"
 RETRY_SET_TYPE = "zset"
 """The Redis ``TYPE`` of the retry set and of its dead set (:func:`retry_dead`)."""
 
+PAUSED_TYPE = "string"
+"""The Redis ``TYPE`` of a queue's pause key ``<q>:paused`` (docs/protocol.md#pause)."""
+
 
 def _as_bytes(key: str | bytes) -> bytes:
     return key if isinstance(key, bytes) else key.encode()
@@ -116,6 +119,10 @@ class QueueKeys:
         index: ZSET ``<id>`` scored by lease expiry (Unix seconds, Redis server clock).
         deliveries: HASH ``<id>`` -> redelivery count (docs/protocol.md#reclaim).
         dead: ZSET of dead-lettered member bytes scored by the time they died.
+        paused: STRING, present while the queue is paused (``claimkit pause``): JSON
+            ``{"since": <Unix seconds, server clock>, "reason": <text or null>}`` plus
+            ``"until"`` when it resumes by itself (docs/protocol.md#pause). Consumers claim
+            nothing new from the queue while it exists, whatever it holds.
         retry_set: the retry ZSET this queue parks into (docs/protocol.md#park-for-retry):
             standalone, the shared ``retry_queue_name``; cluster, the queue's own
             ``{q}:<retry_queue_name>``.
@@ -132,6 +139,7 @@ class QueueKeys:
     index: str
     deliveries: str
     dead: str
+    paused: str
     retry_set: str = DEFAULT_RETRY_SET
     retry_dead: str = DEFAULT_RETRY_SET + ":dead"
     outbox: str | None = None
@@ -143,6 +151,7 @@ class QueueKeys:
         ("index", "zset", "claims index"),
         ("deliveries", "hash", "deliveries hash"),
         ("dead", "zset", "dead set"),
+        ("paused", PAUSED_TYPE, "pause key"),
     )
     """The one table of what each per-queue key holds (docs/protocol.md#keys):
     ``(attribute, Redis TYPE name, what the key is in one-line errors)``, in key order."""
@@ -165,7 +174,7 @@ class QueueKeys:
 
     def types(self) -> dict[str, str]:
         """The Redis ``TYPE`` of each of these keys, by key name (``{"q": "zset", ...}``):
-        the six of :attr:`TYPES`, and in the cluster layout the queue's outbox and retry
+        the seven of :attr:`TYPES`, and in the cluster layout the queue's outbox and retry
         sets too (the shared standalone retry set is not one queue's key)."""
         return {getattr(self, attr): kind for attr, kind, _what in self._table()}
 
@@ -191,6 +200,7 @@ class QueueKeys:
             index=f"{base}:claims-idx",
             deliveries=f"{base}:deliveries",
             dead=f"{base}:dead",
+            paused=f"{base}:paused",
             retry_set=retry,
             retry_dead=retry_dead(retry),
             outbox=f"{base}:outbox" if cluster else None,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from claimkit.protocol import keys as _keys
 from claimkit.protocol import outbox as _outbox
 from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecord
+from claimkit.protocol.pause import PauseMark, parse_pause
 from claimkit.protocol.replies import ClaimCode as ClaimCode
 from claimkit.protocol.replies import MoveCode as MoveCode
 from claimkit.protocol.replies import ParkCode as ParkCode
@@ -198,6 +199,29 @@ class QueueOps:
             "ZRANGE", self.keys.pending, "-inf", "+inf", "BYSCORE", "LIMIT", 0, count
         )
         return list(reply)
+
+    async def peek_unless_paused(self, count: int) -> tuple[PauseMark | None, list[bytes]]:
+        """The poller's peek (docs/protocol.md#pause): ``GET <q>:paused`` and the
+        :meth:`peek` ``ZRANGE`` in one pipelined round trip (both keys are in the queue's
+        slot on a cluster). Returns ``(mark, [])`` while the queue is paused (the key
+        exists, whatever it holds: :func:`~claimkit.protocol.pause.parse_pause`), else
+        ``(None, up to count members)``. Nothing is written.
+
+        Raises:
+            StoreError: ``<q>:paused`` holds another type than a string (``WRONGTYPE``),
+                or another refusal; StoreUnavailable as the store does.
+
+        Cancellation: nothing is written, so a cancelled call leaves no trace.
+        """
+        raw, members = await self.store.pipeline(
+            [
+                ("GET", self.keys.paused),
+                ("ZRANGE", self.keys.pending, "-inf", "+inf", "BYSCORE", "LIMIT", 0, count),
+            ],
+            transaction=False,
+        )
+        mark = parse_pause(raw)
+        return (mark, []) if mark is not None else (None, list(members))
 
     async def dead_letter(self, invalid: Sequence[Invalid]) -> tuple[int, int]:
         """Move malformed members to ``<q>:dead``; push an ``INVALID_REQUEST`` record for
@@ -741,11 +765,12 @@ class QueueProtocol(Protocol):
     Attributes and methods, as on :class:`QueueOps`: ``queue``, ``routing`` (the queue's
     :class:`~claimkit.protocol.routing.ResultRouting`), ``result_list``, ``retry_set``
     (the retry set :meth:`move_retries` drains: queues with the same one need one mover),
-    ``result_list_for``, ``peek``, ``dead_letter``, ``claim``, ``renew``, ``ack``,
-    ``park``, ``release``, ``reclaim``, ``move_retries``, ``backlog``,
-    ``first_wrong_type``. Times are Unix seconds on the Redis server clock; each call
-    raises :class:`~claimkit.store.StoreUnavailable` or
-    :class:`~claimkit.store.StoreError` as Redis fails.
+    ``result_list_for``, ``peek``, ``peek_unless_paused`` (the poller's: the peek and the
+    pause key in one round trip), ``dead_letter``, ``claim``, ``renew``, ``ack``, ``park``,
+    ``release``, ``reclaim``, ``move_retries``, ``backlog``, ``first_wrong_type``. Times
+    are Unix seconds on the Redis server clock; each call raises
+    :class:`~claimkit.store.StoreUnavailable` or :class:`~claimkit.store.StoreError` as
+    Redis fails.
     """
 
     @property
@@ -763,6 +788,8 @@ class QueueProtocol(Protocol):
     def result_list_for(self, member_result_list: str | None) -> str: ...
 
     async def peek(self, count: int) -> list[bytes]: ...
+
+    async def peek_unless_paused(self, count: int) -> tuple[PauseMark | None, list[bytes]]: ...
 
     async def dead_letter(self, invalid: Sequence[Invalid]) -> tuple[int, int]: ...
 
