@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 RESULT_TERMINAL_PREFIX = "result-terminal:"
 REQUEST_ACTIVE_PREFIX = "request-active:"
 REQUEST_CANCEL_PREFIX = "request-cancel:"
+REQUEST_PAYLOAD_PREFIX = "request-payload:"
 
 DEFAULT_RESULT_LIST = "result-list"
 """The default global ``result_queue_name`` (docs/configuration.md)."""
@@ -263,6 +264,14 @@ def request_cancel(request_id: str) -> str:
     return REQUEST_CANCEL_PREFIX + request_id
 
 
+def request_payload(request_id: str, request_token: str) -> str:
+    """The key holding the payload of one request generation, when its member names it in
+    ``internal.payload_ref`` instead of carrying it: ``request-payload:<id>:<request_token>``
+    (STRING, the payload's exact bytes, with a TTL; llm-d-async's name, the same in every
+    topology: it hashes to its own slot on a cluster; docs/protocol.md#payload-references)."""
+    return f"{REQUEST_PAYLOAD_PREFIX}{request_id}:{request_token}"
+
+
 def claimed_score_field(request_id: str) -> str:
     """The ``<q>:claimed`` field holding a claim's original pending score."""
     return request_id + ":score"
@@ -317,9 +326,14 @@ def reserved_keys(
 
 def is_reserved(name: str, reserved: frozenset[str]) -> bool:
     """Whether ``name`` is a key of ``reserved`` or a per-request key (``result-terminal:``,
-    ``request-active:``, ``request-cancel:``)."""
+    ``request-active:``, ``request-cancel:``, ``request-payload:``)."""
     return name in reserved or name.startswith(
-        (RESULT_TERMINAL_PREFIX, REQUEST_ACTIVE_PREFIX, REQUEST_CANCEL_PREFIX)
+        (
+            RESULT_TERMINAL_PREFIX,
+            REQUEST_ACTIVE_PREFIX,
+            REQUEST_CANCEL_PREFIX,
+            REQUEST_PAYLOAD_PREFIX,
+        )
     )
 
 
