@@ -43,8 +43,9 @@ ROLES = ("consumer", "producer", "operator")
 # SCRIPT FLUSH) is sent again whole, which also loads it. MULTI/EXEC wrap the atomic reads
 # and writes; claimkit never sends them when a role has no transaction.
 _COMMANDS: dict[str, tuple[str, ...]] = {
-    # serve: key-type preflight, peek, backlog gauge, the redis gate's budget, scripts.
-    "consumer": tuple("INFO EVALSHA EVAL TYPE ZRANGE ZCARD GET".split()),
+    # serve: key-type preflight, peek, backlog gauge, the redis gate's budget, payload
+    # fetch (MGET of request-payload:* keys), scripts.
+    "consumer": tuple("INFO EVALSHA EVAL TYPE ZRANGE ZCARD GET MGET".split()),
     # submit (TIME, TYPE, then DEL/SET/ZADD in MULTI/EXEC), cancel (TYPE, GET, SET),
     # results (RPOP, LRANGE; --follow: BLMOVE, LINDEX, LMOVE, DEL).
     "producer": tuple(
@@ -65,13 +66,14 @@ _SCRIPTS: dict[str, tuple[str, ...]] = {
 # On a Redis Cluster (docs/topology.md#cluster-key-layout) every client reads the
 # cluster's slot map (CLUSTER SLOTS) and follows an ASK redirect (ASKING) while a slot
 # migrates; the consumer and the reclaim run finish outbox entries (HSCAN a page, HDEL the
-# pushed); inspect reads the outbox's size (HLEN); cancel reads the record's marker in its
+# pushed) and delete the payload keys of the requests an ack ended (DEL: they live in
+# other slots, docs/topology.md#payload-keys); inspect reads the outbox's size (HLEN); cancel reads the record's marker in its
 # list's marker hash (HGET) and its expiry (ZSCORE). The scripts are the cluster variants:
 # acks in one slot or through the outbox, per-list markers, per-queue retry sets; dead
 # requeue deletes markers in each list's slot.
 _CLUSTER_CLIENT = ("CLUSTER|SLOTS", "ASKING")
 _CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
-    "consumer": (*_CLUSTER_CLIENT, "HSCAN", "HDEL"),
+    "consumer": (*_CLUSTER_CLIENT, "HSCAN", "HDEL", "DEL"),
     "producer": (*_CLUSTER_CLIENT, "HGET", "ZSCORE"),
     "operator": (*_CLUSTER_CLIENT, "HLEN", "HSCAN", "HDEL", "HGET", "ZSCORE"),
 }
@@ -196,6 +198,8 @@ def acl_rule(
     if role != "consumer":
         keys += [glob(_keys.results_holding_prefix(name, cluster=cluster)) + "*" for name in lists]
     prefixes = [_keys.REQUEST_ACTIVE_PREFIX, _keys.REQUEST_CANCEL_PREFIX]
+    if role == "consumer":  # reads and deletes payload keys (docs/protocol.md#payload-references)
+        prefixes.append(_keys.REQUEST_PAYLOAD_PREFIX)
     if cluster:  # the dedup markers are per list, in its slot: exact names
         for name in lists:
             markers = _keys.ResultKeys.for_list(name)
