@@ -66,11 +66,12 @@ _SCRIPTS: dict[str, tuple[str, ...]] = {
 # On a Redis Cluster (docs/topology.md#cluster-key-layout) every client reads the
 # cluster's slot map (CLUSTER SLOTS) and follows an ASK redirect (ASKING) while a slot
 # migrates; the consumer and the reclaim run finish outbox entries (HSCAN a page, HDEL the
-# pushed) and delete the payload keys of the requests an ack ended (DEL: they live in
-# other slots, docs/topology.md#payload-keys); inspect reads the outbox's size (HLEN); cancel reads the record's marker in its
-# list's marker hash (HGET) and its expiry (ZSCORE). The scripts are the cluster variants:
-# acks in one slot or through the outbox, per-list markers, per-queue retry sets; dead
-# requeue deletes markers in each list's slot.
+# pushed), and the consumer deletes the payload keys of the requests an ack ended (DEL:
+# they live in other slots, docs/topology.md#payload-keys); inspect reads the outbox's
+# size (HLEN); cancel reads the record's marker in its list's marker hash (HGET) and its
+# expiry (ZSCORE). The scripts are the cluster variants: acks in one slot or through the
+# outbox, per-list markers, per-queue retry sets; dead requeue deletes markers in each
+# list's slot.
 _CLUSTER_CLIENT = ("CLUSTER|SLOTS", "ASKING")
 _CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
     "consumer": (*_CLUSTER_CLIENT, "HSCAN", "HDEL", "DEL"),
@@ -138,6 +139,16 @@ def _lua_commands(names: Iterable[str]) -> set[str]:
     return {m.upper() for name in names for m in _LUA_CALL.findall(script_source(name))}
 
 
+def _request_prefixes(role: str) -> list[str]:
+    """The per-request key prefixes ``role`` touches besides the dedup markers: the
+    producer's active and cancel markers, and for the consumer the payload keys it reads
+    and deletes (docs/protocol.md#payload-references)."""
+    prefixes = [_keys.REQUEST_ACTIVE_PREFIX, _keys.REQUEST_CANCEL_PREFIX]
+    if role == "consumer":
+        prefixes.append(_keys.REQUEST_PAYLOAD_PREFIX)
+    return prefixes
+
+
 def _queue_keys(
     queue: str, *, cluster: bool, retry_set: str, pending_only: bool = False
 ) -> list[str]:
@@ -197,9 +208,7 @@ def acl_rule(
     keys += map(glob, lists)
     if role != "consumer":
         keys += [glob(_keys.results_holding_prefix(name, cluster=cluster)) + "*" for name in lists]
-    prefixes = [_keys.REQUEST_ACTIVE_PREFIX, _keys.REQUEST_CANCEL_PREFIX]
-    if role == "consumer":  # reads and deletes payload keys (docs/protocol.md#payload-references)
-        prefixes.append(_keys.REQUEST_PAYLOAD_PREFIX)
+    prefixes = _request_prefixes(role)
     if cluster:  # the dedup markers are per list, in its slot: exact names
         for name in lists:
             markers = _keys.ResultKeys.for_list(name)
