@@ -347,7 +347,7 @@ class Event:
 
 
 _ACK_LAYOUTS = {
-    "ack": (7, 2),
+    "ack": (8, 2),
     "ack-local": (6, 3),
     "ack-outbox": (7, 0),
     "park": (4, 0),

@@ -109,7 +109,7 @@ local function reclaim_pass(hooks)
         if n == 1 then times = 'time' end
         local message = 'lease expired ' .. n .. ' ' .. times
           .. ' without an ack (max_deliveries=' .. max_deliveries .. ')'
-        local record = error_record(id, 'MAX_DELIVERIES_EXCEEDED', message)
+        local record = error_record(id, 'MAX_DELIVERIES_EXCEEDED', message, request_token)
         hooks.on_dead(id, owner, result_key, record, request_token, now)
         dead = dead + 1
       else

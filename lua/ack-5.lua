@@ -21,10 +21,18 @@
 
     ARGV[1] dedup ttl, whole seconds (0 = markers never expire)
     ARGV[2] fallback result list: where a record goes when its own list holds another type
-    then seven per request, repeated:
+    then eight per request, repeated:
       id, token (ownership token), request_token (internal.request_token or ""),
       marker_key (result-terminal:<id>), result_key (result list), record (JSON),
-      member (the exact claimed bytes)
+      member (the exact claimed bytes), payload_key (request-payload:<id>:<request_token>
+      when the member names its payload key in internal.payload_ref, else "")
+
+  The payload key is deleted together with the request's live copy (the record pushed or
+  suppressed as a duplicate, the request finished either way); a late ack that finds no
+  live copy deletes nothing: the request lives on and still needs its payload
+  (docs/protocol.md#payload-references). Like the marker and the result list, the payload
+  key comes in ARGV: a standalone server runs a script that names keys it did not declare
+  (the cluster acks, which must declare every key, delete it after the script).
 
   Output: { pushed_1, owned_1, ..., pushed_n, owned_n } where pushed is 1 (record pushed)
     or 0 (suppressed: a duplicate, or a late result of a request that lives on elsewhere)
@@ -41,18 +49,21 @@ local dedup_ttl, fallback = count_arg(1, 0), ARGV[2]
 list_usable(fallback, 'the fallback result list')
 local out = {}
 
-for i = 3, #ARGV, 7 do
+for i = 3, #ARGV, 8 do
   local id, token, request_token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local pushed, owned = 0, 0
+  local payload_key = ARGV[i + 7]
+  local pushed, owned, ended = 0, 0, false
   if redis.call('HGET', KEYS[3], id) == token then
     pushed = push_terminal(ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], request_token, dedup_ttl, fallback)
     drop_claim(KEYS[2], KEYS[3], KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
-    owned = 1
+    owned, ended = 1, true
   elseif redis.call('ZREM', KEYS[1], ARGV[i + 6]) == 1 then
     pushed = push_terminal(ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], request_token, dedup_ttl, fallback)
     redis.call('HDEL', KEYS[5], id)
+    ended = true
   end
+  if ended and payload_key ~= '' then redis.call('DEL', payload_key) end
   out[#out + 1] = pushed
   out[#out + 1] = owned
 end

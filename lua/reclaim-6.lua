@@ -3,8 +3,10 @@
 
   Takes up to `limit` expired claims. Each goes back to pending at its original score with
   its delivery count incremented; one whose count reaches max_deliveries goes to the dead
-  set instead and gets a MAX_DELIVERIES_EXCEEDED record (once per generation; its JSON from
-  lua/_record.lua, the bytes TerminalRecord.to_json would write). Index
+  set instead and gets a MAX_DELIVERIES_EXCEEDED record (once per generation, carrying the
+  member's internal.request_token; its JSON from lua/_record.lua, the bytes
+  TerminalRecord.to_json would write). Its payload key, when the member names one, is left
+  to its TTL: a dead letter may still be requeued (docs/protocol.md#payload-references). Index
   entries with no claimed payload (ghosts) are removed.
 
   Claims without a lease entry (orphans: the index entry was evicted, lost in a partial

@@ -124,6 +124,8 @@ class FakeServer:
         results: per result list name, the records pushed, oldest first.
         markers: ``id -> (value, expires_at or None)``: ``result-terminal:<id>``.
         cancels: ``id -> token``: ``request-cancel:<id>``.
+        payloads: ``key -> bytes``: the payload keys (``request-payload:<id>:<token>``)
+            members name in ``internal.payload_ref``.
         key_types: ``key -> TYPE`` of keys a test made hold another type than the layout
             says (none by default); :meth:`FakeQueueOps.first_wrong_type` reads it.
         calls: every call made, in order (:class:`Call`).
@@ -139,6 +141,7 @@ class FakeServer:
         self.results: dict[str, list[bytes]] = {}
         self.markers: dict[str, tuple[str, float | None]] = {}
         self.cancels: dict[str, str] = {}
+        self.payloads: dict[str, bytes] = {}
         self.key_types: dict[str, str] = {}
         self.calls: list[Call] = []
         self.hooks: dict[str, Hook] = {}
@@ -316,7 +319,9 @@ class FakeQueueOps:
             self.q.dead[bad.raw] = now
             moved += 1
             if bad.id is not None:
-                record = TerminalRecord.error(bad.id, ErrorCode.INVALID_REQUEST, bad.reason)
+                record = TerminalRecord.error(
+                    bad.id, ErrorCode.INVALID_REQUEST, bad.reason, bad.request_token
+                )
                 target = self.result_list_for(bad.result_queue_name)
                 pushed += self._push(bad.id, bad.request_token, target, record.to_json())
         return moved, pushed
@@ -345,6 +350,13 @@ class FakeQueueOps:
         if env.request_token and self.server.cancels.get(env.id) == env.request_token:
             return ClaimCode.CANCELLED
         return ClaimCode.CLAIMED
+
+    async def fetch_payloads(self, refs: Sequence[str]) -> list[bytes | None]:
+        """``MGET`` of the payload keys (one call, logged with the keys as its ids)."""
+        if not refs:
+            return []
+        await self._enter("fetch_payloads", list(refs))
+        return [self.server.payloads.get(ref) for ref in refs]
 
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
@@ -378,9 +390,11 @@ class FakeQueueOps:
         if claim is not None and claim.token == it.token:
             del q.claims[it.id]
             q.deliveries.pop(it.id, None)
+            self.server.payloads.pop(it.payload_ref, None)
             return self._push(it.id, it.request_token, it.result_list, it.record), True
         if q.pending.pop(it.member, None) is not None:
             q.deliveries.pop(it.id, None)
+            self.server.payloads.pop(it.payload_ref, None)
             return self._push(it.id, it.request_token, it.result_list, it.record), False
         return False, False
 
@@ -468,9 +482,9 @@ class FakeQueueOps:
 
     def _max_deliveries_record(self, rid: str, member: bytes, n: int, max_deliveries: int) -> None:
         message = max_deliveries_message(n, max_deliveries)
-        record = TerminalRecord.error(rid, ErrorCode.MAX_DELIVERIES_EXCEEDED, message)
         parsed = parse_member(member)
-        gen = parsed.request_token if isinstance(parsed, Envelope) else ""
+        gen = parsed.request_token  # an Invalid one's too: the script reads it from the JSON
+        record = TerminalRecord.error(rid, ErrorCode.MAX_DELIVERIES_EXCEEDED, message, gen)
         routed = parsed.result_queue_name if isinstance(parsed, Envelope) else None
         self._push(rid, gen, self.result_list_for(routed), record.to_json())
 

@@ -386,6 +386,9 @@ def test_rule_keys_come_from_the_key_builder() -> None:
     assert "budget:requests" in consumer.keys
     assert {"evalsha", "eval", "hset", "zadd"} <= set(consumer.commands)
     assert "multi" not in consumer.commands
+    # payload references: fetched with MGET, deleted inside the ack script (its DEL)
+    assert consumer.keys[-2:] == ("request-payload:*", "budget:requests")
+    assert {"mget", "del"} <= set(consumer.commands)
 
 
 @pytest.mark.parametrize("backend", ["coredis", "redispy"])

@@ -192,6 +192,10 @@ async def test_a_claim_whose_ack_redis_refused_lapses_and_is_redelivered(
                     await trio.sleep(0.05)
                 consumer.request_stop()
             (record,) = await store.command("LRANGE", "result-list", 0, -1)
-            assert json.loads(record) == {"id": "m1", "status_code": 200, "payload": "call 2"}
+            token = await store.command("GET", "request-active:m1")
+            assert (
+                record
+                == b'{"id":"m1","status_code":200,"payload":"call 2","request_token":"%s"}' % token
+            )
             assert calls == ["m1", "m1"]
             assert await store.command("HLEN", f"{Q}:claim-owners") == 0

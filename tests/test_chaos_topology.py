@@ -186,7 +186,7 @@ def test_wait_replicas_is_passed_through_to_the_consumers_config(tmp_path: Path)
 @pytest.mark.parametrize(
     ("script", "argv"),
     [
-        # lua/ack-5.lua: dedup ttl, fallback, then 7 per item (id, token, ...)
+        # lua/ack-5.lua: dedup ttl, fallback, then 8 per item (id, token, ...)
         (
             "ack",
             [
@@ -199,6 +199,7 @@ def test_wait_replicas_is_passed_through_to_the_consumers_config(tmp_path: Path)
                 b"l",
                 b"{}",
                 b"x",
+                b"",
                 b"r2",
                 b"t2",
                 b"",
@@ -206,6 +207,7 @@ def test_wait_replicas_is_passed_through_to_the_consumers_config(tmp_path: Path)
                 b"l",
                 b"{}",
                 b"x",
+                b"request-payload:r2:g2",
             ],
         ),
         # lua/ack-local-9.lua: dedup ttl, final flag, fallback, then 6 per item

@@ -623,12 +623,14 @@ def test_acl_keys_are_the_cluster_names() -> None:
         "\\{t\\}:results:result-terminal-expiry",
         "request-active:*",
         "request-cancel:*",
+        "request-payload:*",  # payload keys, read and deleted (docs/topology.md#payload-keys)
     )
     producer = acl_rule(cluster_config("q", "results"), "producer")
     assert producer.keys[:2] == ("q", "results")
     for rule in (untagged, tagged, producer):
         assert {"cluster|slots", "asking"} <= set(rule.commands)
     assert {"hlen", "hdel", "hscan"} <= set(untagged.commands)  # outbox count and replay
+    assert {"mget", "del"} <= set(tagged.commands)  # payload fetch, deletion after the ack
     assert "wait" not in untagged.commands
 
 

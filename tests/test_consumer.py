@@ -91,7 +91,15 @@ async def test_requests_end_with_one_record_each(store: Store, redis_url: str) -
         assert sorted(r["id"] for r in got) == ids
         assert {r["status_code"] for r in got} == {200}
         assert all(json.loads(r["payload"])["id"] == r["id"] for r in got)
-        assert list(got[0]) == ["id", "status_code", "payload"]
+        assert list(got[0]) == ["id", "status_code", "payload", "request_token"]
+        tokens = {r["id"]: r["request_token"] for r in got}
+        for raw in await store.command("LRANGE", "result-list", 0, -1):
+            doc = json.loads(raw)  # the exact bytes: the serialiser's, with the token last
+            assert (
+                raw
+                == TerminalRecord.http(doc["id"], 200, doc["payload"], tokens[doc["id"]]).to_json()
+            )
+        assert all(len(t) == 32 for t in tokens.values())
         assert await claim_state(store) == EMPTY
         assert consumer.summary.claimed == 60
         assert consumer.summary.acked == 60
@@ -233,7 +241,10 @@ async def test_retry_parks_then_serves_with_retry_count(store: Store, redis_url:
             await wait_for(done, "record")
             consumer.request_stop()
         assert seen == [0, 1, 2]
-        assert await records(store) == [{"id": "f1", "status_code": 200, "payload": "fine"}]
+        token = (await store.command("GET", "request-active:f1")).decode()
+        assert await store.command("LRANGE", "result-list", 0, -1) == [
+            b'{"id":"f1","status_code":200,"payload":"fine","request_token":"%s"}' % token.encode()
+        ]
         assert consumer.summary.retried == 2
         assert await store.command("ZCARD", "retry-sortedset") == 0
         assert await claim_state(store) == EMPTY
@@ -265,13 +276,18 @@ async def test_cancelled_and_expired_requests_get_their_records(
             await wait_for(done, "2 records")
             consumer.request_stop()
         by_id = {r["id"]: r for r in await records(store)}
+        token = await store.command("GET", "request-cancel:c1")
         assert by_id["c1"] == {
             "id": "c1",
             "payload": '{"error":"cancelled"}',
             "error_code": "CANCELLED",
             "error_message": "cancelled",
+            "request_token": token.decode(),
         }
-        assert by_id["e1"] == {
+        assert b'{"id":"c1","payload":"{\\"error\\":\\"cancelled\\"}","error_code":"CANCELLED",' + (
+            b'"error_message":"cancelled","request_token":"' + token + b'"}'
+        ) in await store.command("LRANGE", "result-list", 0, -1)
+        assert by_id["e1"] == {  # no internal.request_token: no request_token
             "id": "e1",
             "payload": '{"error":"deadline exceeded"}',
             "error_code": "DEADLINE_EXCEEDED",

@@ -890,6 +890,12 @@ async def submit_at_second_start(store: Store, rid: str, seconds: int) -> int:
     return deadline
 
 
+async def generation(store: Store, rid: str) -> str:
+    """The ``request_token`` the producer gave ``rid`` (read while its deadline is ahead)."""
+    token: bytes = await store.command("GET", f"request-active:{rid}")
+    return token.decode()
+
+
 # Seed 1's first draw is 0.134. With ~4.9 s left the first 429 (at ~0.3 s) is parked for
 # 2 + 0.134 * 2 = 2.27 s (t = min(60, 4.6, 2 * 2^1) = 4), so the second attempt starts at
 # ~2.6 s, 2 s before the deadline cuts it: margins a loaded machine does not eat.
@@ -905,13 +911,19 @@ async def test_rate_limited_request_cut_by_its_deadline_ends_with_the_429(
     gw = await start_gateway(nursery, lambda rid, n: ("429", 0.3) if n == 1 else ("429", 30))
     with trio.fail_after(20):
         await submit_at_second_start(store, "rl-1", 5)
+        token = await generation(store, "rl-1")
         consumer = Consumer(consumer_config(redis_url, gw.url), store, rng=random.Random(SEED))
         async with trio.open_nursery() as n:
             await n.start(consumer.run)
             await poll_until(lambda: _has_records(store, 1))
             consumer.request_stop()
         assert await result_records(store) == [
-            {"id": "rl-1", "status_code": 429, "payload": ScriptedGateway.body_429(1).decode()}
+            {
+                "id": "rl-1",
+                "status_code": 429,
+                "payload": ScriptedGateway.body_429(1).decode(),
+                "request_token": token,
+            }
         ]
         assert gw.arrivals == {"rl-1": 2}
         assert consumer.summary.retried == 1
@@ -926,6 +938,7 @@ async def test_parked_429_survives_a_consumer_restart(
     config = consumer_config(redis_url, gw.url)
     with trio.fail_after(20):
         await submit_at_second_start(store, "rl-2", 5)
+        token = await generation(store, "rl-2")
         first = Consumer(config, store, rng=random.Random(SEED))
         async with trio.open_nursery() as n:
             await n.start(first.run)
@@ -950,7 +963,12 @@ async def test_parked_429_survives_a_consumer_restart(
             await poll_until(lambda: _has_records(store, 1))
             second.request_stop()
         assert await result_records(store) == [
-            {"id": "rl-2", "status_code": 429, "payload": ScriptedGateway.body_429(1).decode()}
+            {
+                "id": "rl-2",
+                "status_code": 429,
+                "payload": ScriptedGateway.body_429(1).decode(),
+                "request_token": token,
+            }
         ]
         assert gw.arrivals == {"rl-2": 2}
 
@@ -961,6 +979,7 @@ async def test_no_response_ever_cut_by_the_deadline_is_deadline_exceeded(
     gw = await start_gateway(nursery, lambda rid, n: ("hang",))
     with trio.fail_after(20):
         await submit_at_second_start(store, "h-1", 3)
+        token = await generation(store, "h-1")
         consumer = Consumer(consumer_config(redis_url, gw.url), store)
         async with trio.open_nursery() as n:
             await n.start(consumer.run)
@@ -972,6 +991,7 @@ async def test_no_response_ever_cut_by_the_deadline_is_deadline_exceeded(
                 "payload": '{"error":"deadline exceeded"}',
                 "error_code": "DEADLINE_EXCEEDED",
                 "error_message": "deadline exceeded",
+                "request_token": token,
             }
         ]
         assert gw.arrivals == {"h-1": 1}
@@ -1004,13 +1024,20 @@ async def test_gateway_that_reads_the_request_and_drops_it_sees_it_once(
                 await poll_until(lambda: _has_records(store, 2))
                 consumer.request_stop()
         first, second = await result_records(store)
-        assert first == {"id": "keep", "status_code": 200, "payload": '{"ok":true}'}
+        keep, drop = await generation(store, "keep"), await generation(store, "drop")
+        assert first == {
+            "id": "keep",
+            "status_code": 200,
+            "payload": '{"ok":true}',
+            "request_token": keep,
+        }
         message = PREFIX + "server closed the connection without a response"
         assert second == {
             "id": "drop",
             "payload": json.dumps({"error": message}, separators=(",", ":")),
             "error_code": "INFERENCE_ERROR",
             "error_message": message,
+            "request_token": drop,
         }
         assert gw.arrivals == {"keep": 1, "drop": 1}
         assert gw.connections == 1  # "drop" went out on the kept-alive connection

@@ -194,7 +194,9 @@ async def test_invalid_request_is_dead_lettered_with_one_record(store: Store) ->
         t0 = await server_now(store)
         assert await ops.dead_letter([invalid]) == (1, 1)
         t1 = await server_now(store)
-        record = TerminalRecord.error("bad", ErrorCode.INVALID_REQUEST, DEADLINE_INVALID_MESSAGE)
+        record = TerminalRecord.error(
+            "bad", ErrorCode.INVALID_REQUEST, DEADLINE_INVALID_MESSAGE, "c" * 32
+        )
         assert await snapshot(store) == {
             K.dead: [(raw, Between(t0, t1))],
             RESULTS: [record.to_json()],

@@ -43,7 +43,7 @@ from hypothesis.stateful import (
 )
 from support import pairs, server_now
 
-from claimkit.protocol.keys import QueueKeys
+from claimkit.protocol.keys import QueueKeys, request_payload
 from claimkit.protocol.models import (
     Envelope,
     Invalid,
@@ -88,6 +88,7 @@ STAMPED = {"claim", "renew", "park"}
 CODES = {"claim": ClaimCode, "renew": RenewCode, "release": ReleaseCode, "park": ParkCode}
 MOVES = {"dead_letter": "moved pushed", "move_retries": "moved", "reclaim": "redelivered dead"}
 MOVES |= {"grant": "ttl cap floor", "renewal": "ttl cap kept", "poll_peek": "paused open"}
+MOVES |= {"ack_payload": "deleted kept"}  # an ack that ended the request, and a late one
 REQUIRED: set[tuple[str, Any]] = {(op, c) for op, cs in CODES.items() for c in cs}
 REQUIRED |= {(op, what) for op, whats in MOVES.items() for what in whats.split()}
 
@@ -263,6 +264,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         raw = make_member(rid, gen, deadline)
         self.redis("ZADD", Q, deadline, raw)
         self.fq.pending[raw] = float(deadline)
+        if gen:  # its payload key (docs/protocol.md#payload-references): only an ack ends it
+            self.redis("SET", request_payload(rid, gen), "payload")
+            self.fake.payloads[request_payload(rid, gen)] = b"payload"
         if raw not in self.members:
             self.members.append(raw)
 
@@ -398,9 +402,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.serial += 1
         record = TerminalRecord.http(t.id, 200, f"answer {self.serial}")
         gen = envelope(t.member).request_token
-        item = AckItem(t.id, t.token, gen, RESULTS, record.to_json(), t.member)
+        ref = request_payload(t.id, gen) if gen else ""
+        item = AckItem(t.id, t.token, gen, RESULTS, record.to_json(), t.member, ref)
+        had = ref in self.fake.payloads
         real, fake = self.both("ack", [item])
         assert real == fake
+        if had:
+            self.saw("ack_payload", ["kept" if ref in self.fake.payloads else "deleted"])
 
     @precondition(lambda self: bool(self.swept_tickets()))
     @rule(data=st.data())
@@ -531,6 +539,8 @@ class ProtocolMachine(RuleBasedStateMachine):
             expected = f.marker(rid)
             assert marker == (expected.encode() if expected is not None else None)
         assert await s.command("GET", K.paused) == q.paused
+        payloads = {k.decode() for k in await s.command("KEYS", "request-payload:*")}
+        assert payloads == set(f.payloads)
         assert await s.command("EXISTS", "retry-sortedset:dead") == 0
         assert not f.retry_dead
 

@@ -17,6 +17,7 @@ from claimkit.producer import CANCEL_TTL_SECONDS, Producer, SubmitError
 from claimkit.protocol.models import (
     DEADLINE_EXCEEDED_MESSAGE,
     DEADLINE_INVALID_MESSAGE,
+    PAYLOAD_MISSING_MESSAGE,
     Envelope,
     ErrorCode,
     Invalid,
@@ -308,6 +309,7 @@ SPEC_ERRORS = [
         ErrorCode.MAX_DELIVERIES_EXCEEDED,
         "lease expired 10 times without an ack (max_deliveries=10)",
     ),
+    (ErrorCode.PAYLOAD_UNAVAILABLE, PAYLOAD_MISSING_MESSAGE),
 ]
 
 
@@ -340,6 +342,77 @@ def test_record_from_json() -> None:
             TerminalRecord.from_json(bad)
     with pytest.raises(ValueError):  # noqa: PT011 - any ValueError: bad JSON has no own message
         TerminalRecord.from_json(b"{nope")
+
+
+# -- records as llm-d-async's Go writes them (encoding/json) ------------------------------------
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def test_records_are_upstreams_bytes() -> None:
+    """The literal bytes llm-d-async's dispatcher writes (``json.Marshal`` of its
+    ``InternalResult``: the result's fields, then ``request_token`` last)."""
+    ok = TerminalRecord.http("p1", 200, '{"result":"ok"}', TOKEN)
+    assert ok.to_json() == (
+        b'{"id":"p1","status_code":200,"payload":"{\\"result\\":\\"ok\\"}",'
+        b'"request_token":"0123456789abcdef0123456789abcdef"}'
+    )
+    missing = TerminalRecord.error(
+        "p1", ErrorCode.PAYLOAD_UNAVAILABLE, PAYLOAD_MISSING_MESSAGE, TOKEN
+    )
+    assert missing.to_json() == (
+        b'{"id":"p1","payload":"{\\"error\\":\\"request payload is missing\\"}",'
+        b'"error_code":"PAYLOAD_UNAVAILABLE","error_message":"request payload is missing",'
+        b'"request_token":"0123456789abcdef0123456789abcdef"}'
+    )
+    html = TerminalRecord.http("p1", 200, "<b>&</b>", TOKEN)
+    assert html.to_json() == (
+        b'{"id":"p1","status_code":200,"payload":"\\u003cb\\u003e\\u0026\\u003c/b\\u003e",'
+        b'"request_token":"0123456789abcdef0123456789abcdef"}'
+    )
+    # A record without a token (a request that had none) has no request_token key.
+    assert TerminalRecord.http("p1", 200, "x").to_json() == (
+        b'{"id":"p1","status_code":200,"payload":"x"}'
+    )
+    for record in (ok, missing, html):
+        assert TerminalRecord.from_json(record.to_json()) == record
+
+
+def test_go_escaping_of_every_odd_character() -> None:
+    """Go escapes <, >, &, U+2028, U+2029 and control characters (\\b and \\f in their
+    short forms since Go 1.22), writes DEL and other UTF-8 as is, and a byte that is not
+    UTF-8 (here: a lone surrogate) as \\ufffd."""
+    body = 'a<b>&c\u2028d\u2029e\b\f\n\r\t\x00\x01\x1f\x7f"\\/é😀\ud800'
+    got = TerminalRecord.http("i<d>", 200, body).to_json()
+    assert (
+        got
+        == (
+            '{"id":"i\\u003cd\\u003e","status_code":200,'
+            '"payload":"a\\u003cb\\u003e\\u0026c\\u2028d\\u2029e\\b\\f\\n\\r\\t'
+            '\\u0000\\u0001\\u001f\x7f\\"\\\\/é😀\\ufffd"}'
+        ).encode()
+    )
+    # The error payload is Go's map encoding too, then escaped again as a string.
+    err = TerminalRecord.error("a", ErrorCode.INVALID_REQUEST, "x <= 5 & y", TOKEN).to_json()
+    assert err == (
+        b'{"id":"a","payload":"{\\"error\\":\\"x \\\\u003c= 5 \\\\u0026 y\\"}",'
+        b'"error_code":"INVALID_REQUEST","error_message":"x \\u003c= 5 \\u0026 y",'
+        b'"request_token":"0123456789abcdef0123456789abcdef"}'
+    )
+    assert json.loads(json.loads(err)["payload"]) == {"error": "x <= 5 & y"}
+
+
+def test_record_for_generation_and_token_reading() -> None:
+    record = TerminalRecord.error("a", ErrorCode.CANCELLED, "cancelled")
+    assert record.request_token is None
+    tokened = record.for_generation(TOKEN)
+    assert tokened.request_token == TOKEN
+    assert tokened.for_generation(TOKEN) is tokened
+    assert record.for_generation("") is record
+    assert json.loads(tokened.to_json())["request_token"] == TOKEN
+    assert list(json.loads(tokened.to_json()))[-1] == "request_token"
+    for raw in (b'{"id":"a","payload":"","request_token":3}', b'{"id":"a","request_token":""}'):
+        assert TerminalRecord.from_json(raw).request_token is None
 
 
 # -- Producer (SPEC §2.2) ------------------------------------------------------------------------

@@ -137,8 +137,8 @@ def parse_records(raw_list: Sequence[bytes]) -> list[dict[str, Any]]:
     return [json.loads(r) for r in reversed(raw_list)]
 
 
-def error_record(rid: str, code: str, message: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(TerminalRecord.error(rid, code, message).to_json())
+def error_record(rid: str, code: str, message: str, token: str = "") -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(TerminalRecord.error(rid, code, message, token).to_json())
     return doc
 
 
@@ -993,14 +993,18 @@ async def test_reclaim_dead_letters_at_max_deliveries(store: Store) -> None:
         message = "lease expired 3 times without an ack (max_deliveries=3)"
         assert message == max_deliveries_message(3, 3)
         (record,) = parse_records(state[RESULTS])
-        assert list(record) == ERROR_ORDER
+        assert list(record) == [*ERROR_ORDER, "request_token"]
         assert record == {
             "id": rid,
             "payload": json.dumps({"error": message}, separators=(",", ":")),
             "error_code": "MAX_DELIVERIES_EXCEEDED",
             "error_message": message,
+            "request_token": TOKEN_A,
         }
-        assert record == error_record(rid, ErrorCode.MAX_DELIVERIES_EXCEEDED, message)
+        # The exact bytes the Python serialiser (and llm-d-async's Go) writes.
+        assert state[RESULTS] == [
+            TerminalRecord.error(rid, ErrorCode.MAX_DELIVERIES_EXCEEDED, message, TOKEN_A).to_json()
+        ]
 
 
 @pytest.mark.parametrize(
@@ -1255,8 +1259,11 @@ async def test_dead_letter_keeps_the_generation_and_result_list(store: Store) ->
         assert isinstance(invalid, Invalid)
         assert await ops.dead_letter([invalid]) == (1, 1)
         state = await snapshot(store)
-        assert parse_records(state.pop("mine")) == [
-            error_record("g", ErrorCode.INVALID_REQUEST, DEADLINE_INVALID_MESSAGE)
+        # The record carries the generation salvaged from the bytes, last, as Go writes it.
+        assert state.pop("mine") == [
+            TerminalRecord.error(
+                "g", ErrorCode.INVALID_REQUEST, DEADLINE_INVALID_MESSAGE, TOKEN_A
+            ).to_json()
         ]
         assert state == {
             K.dead: [(raw, Between(0, float("inf")))],

@@ -110,8 +110,17 @@ def declared(*keys: str) -> dict[str, tuple[str, ...]]:
     return {k: QUEUE_TYPES[k] for k in keys}
 
 
-ACK_ITEM_A: list[Arg] = ["a", "ta", "ga", "result-terminal:a", "rl-a", RECORD, MA]
-ACK_ITEM_B: list[Arg] = ["b", "tb", "gb", "result-terminal:b", "rl-b", RECORD, MB]
+ACK_ITEM_A: list[Arg] = ["a", "ta", "ga", "result-terminal:a", "rl-a", RECORD, MA, ""]
+ACK_ITEM_B: list[Arg] = [
+    "b",
+    "tb",
+    "gb",
+    "result-terminal:b",
+    "rl-b",
+    RECORD,
+    MB,
+    "request-payload:b:gb",
+]
 DL_A: list[Arg] = [MA, "ga", "result-terminal:a", "rl-a", RECORD]
 DL_B: list[Arg] = [MB, "gb", "result-terminal:b", "rl-b", RECORD]
 ACK_KEYS = [K.pending, K.claimed, K.owners, K.index, K.deliveries]
@@ -173,9 +182,11 @@ CASES: dict[str, Case] = {
             **declared(*ACK_KEYS),
             "result-terminal:b": ("string", "any"),
             "rl-b": ("list", "any"),
+            # the request's payload key: deleted whatever it holds (DEL cannot fail)
+            "request-payload:b:gb": ("string", "any"),
         },
         bad_argv={1: WHOLE},
-        markers=("result-terminal:b",),
+        markers=("result-terminal:b", "request-payload:b:gb"),
     ),
     "ack-fallback": Case(
         "ack",

@@ -670,23 +670,71 @@ RECORD_TEXTS = [
     "tab\tnl\nret\rff\fbs\bctl\x01\x1f",
     "del\x7f",
     "nul\x00byte",
-    "line\u2028sep",
+    "line\u2028sep\u2029par",
+    "<b>&</b>",
+    "a\u2027b\u202ac\ufffd",
     "",
 ]
+RECORD_TOKEN = "0123456789abcdef0123456789abcdef"
 
 
-@pytest.mark.parametrize("text", RECORD_TEXTS)
-async def test_the_lua_record_is_byte_for_byte_the_python_one(store: Store, text: str) -> None:
-    """``error_record`` (``lua/_record.lua``, what ``reclaim-6.lua`` pushes) writes exactly
-    the bytes :meth:`TerminalRecord.to_json` writes, for odd ids and messages alike."""
+def _record_probe() -> Script:
     source = _scripts._resolve(
-        "-- @include _record\nreturn error_record(ARGV[1], ARGV[2], ARGV[3])",
+        "-- @include _record\nreturn error_record(ARGV[1], ARGV[2], ARGV[3], ARGV[4])",
         _scripts._lua_dir(),
         set(),
     )
-    probe = Script("record", 0, source, hashlib.sha1(source.encode()).hexdigest())
+    return Script("record", 0, source, hashlib.sha1(source.encode()).hexdigest())
+
+
+@pytest.mark.parametrize("token", ["", RECORD_TOKEN])
+@pytest.mark.parametrize("text", RECORD_TEXTS)
+async def test_the_lua_record_is_byte_for_byte_the_python_one(
+    store: Store, text: str, token: str
+) -> None:
+    """``error_record`` (``lua/_record.lua``, what ``reclaim-6.lua`` pushes) writes exactly
+    the bytes :meth:`TerminalRecord.to_json` writes (Go's escaping, ``request_token``
+    last, left out when empty), for odd ids and messages alike."""
     message = f"lease expired 3 times {text} (max_deliveries=3)"
     rid = text or "x"
     with trio.fail_after(10):
-        got = await store.run(probe, [], [rid, "MAX_DELIVERIES_EXCEEDED", message])
-    assert got == TerminalRecord.error(rid, "MAX_DELIVERIES_EXCEEDED", message).to_json()
+        got = await store.run(_record_probe(), [], [rid, "MAX_DELIVERIES_EXCEEDED", message, token])
+    assert got == TerminalRecord.error(rid, "MAX_DELIVERIES_EXCEEDED", message, token).to_json()
+
+
+async def test_the_lua_record_of_upstreams_literal_bytes(store: Store) -> None:
+    """The bytes llm-d-async's Go writes for an error record with a token and a message
+    holding HTML characters, built by the script."""
+    with trio.fail_after(10):
+        got = await store.run(_record_probe(), [], ["p1", "X", "a<b>&c", RECORD_TOKEN])
+    assert got == (
+        b'{"id":"p1","payload":"{\\"error\\":\\"a\\\\u003cb\\\\u003e\\\\u0026c\\"}",'
+        b'"error_code":"X","error_message":"a\\u003cb\\u003e\\u0026c",'
+        b'"request_token":"0123456789abcdef0123456789abcdef"}'
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\xff",
+        b"a\xc0\x80b",  # overlong
+        b"\xed\xa0\x80",  # a surrogate, UTF-8 encoded
+        b"\xe2\x80",  # cut short
+        b"\xe2\x80A",
+        b"\xf4\x90\x80\x80",  # above U+10FFFF
+        b"\xf0\x9f\x98",  # cut short
+        b"ok \xc3\xa9 \xf0\x9f\x98\x80",
+    ],
+)
+async def test_the_lua_record_writes_each_byte_that_is_not_utf8_as_fffd(
+    store: Store, raw: bytes
+) -> None:
+    """Go writes each byte that starts no valid UTF-8 sequence as ``\\ufffd``. The Python
+    serialiser never sees such bytes (its text is decoded); decoding them with
+    ``surrogateescape`` (one lone surrogate per such byte, which ``to_json`` writes as
+    ``\\ufffd``) gives the bytes Go and the script write."""
+    with trio.fail_after(10):
+        got = await store.run(_record_probe(), [], [raw, "X", "m", ""])
+    rid = raw.decode("utf-8", "surrogateescape")
+    assert got == TerminalRecord.error(rid, "X", "m").to_json()

@@ -72,6 +72,11 @@ class Claim:
     scope: trio.CancelScope | None = None  # the work's scope, while it runs
     ours: bool = True  # False once found taken over or released elsewhere: work is moot
     acking: bool = False  # its ack script call is under way: the ack's answer counts it
+    # The payload fetched through env.payload_ref (docs/protocol.md#payload-references),
+    # held only from the fetch until its worker takes it for the dispatch; or why it could
+    # not be had (the PAYLOAD_UNAVAILABLE record's message).
+    payload: bytes | None = None
+    payload_unavailable: str | None = None
 
 
 class HeldClaims:
@@ -220,8 +225,9 @@ class HeldClaims:
     # -- sweep and reclaim (docs/protocol.md#release-and-sweep, docs/protocol.md#reclaim) -----
 
     def swept(self, claims: Sequence[Claim], codes: Sequence[ReleaseCode]) -> None:
-        """The sweep's release script answered ``codes`` for ``claims``: none of them is held
-        any more, whatever the code; those released count as released."""
+        """The release script answered ``codes`` for ``claims`` (the sweep's, or a hand-back
+        after their payloads could not be fetched): none of them is held any more, whatever
+        the code; those released count as released."""
         for claim, code in zip(claims, codes, strict=True):
             self._by_id.pop(claim.env.id, None)
             if code == ReleaseCode.RELEASED:

@@ -11,7 +11,8 @@ happen next:
 
 The rules, all from docs/dispatch.md:
 
-- ``POST`` the request's ``payload`` as JSON to the gateway base URL joined with the
+- ``POST`` the request's body (``Envelope.body_bytes``: the payload fetched through its
+  payload key as stored, else ``data.payload`` as JSON) to the gateway base URL joined with the
   request's ``endpoint`` or the queue's ``request_path_url``. Redirects are not followed
   (a ``POST`` must not turn into a ``GET``): a 3xx response is the record.
 - Timeout per attempt: ``min(request_timeout, seconds to deadline)``. When that is not
@@ -47,7 +48,6 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, TypeAlias
 
-import msgspec
 import trio
 
 from claimkit.consumer import http as _http
@@ -381,7 +381,7 @@ async def dispatch(
     url = build_url(target.base_url, env.endpoint or target.request_path)
     # As bytes, UTF-8: a non-ASCII header value is sent as is (as Go's net/http does).
     headers = [(k.encode(), v.encode()) for k, v in build_headers(env, target).items()]
-    body_out = msgspec.json.encode(env.payload)
+    body_out = env.body_bytes()  # a fetched payload as stored, else data.payload as JSON
 
     status: int | None = None
     body: str | None = None

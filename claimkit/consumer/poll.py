@@ -19,6 +19,7 @@ from claimkit.consumer.gates import GateError
 from claimkit.consumer.settle import Job
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import (
+    PAYLOAD_MISSING_MESSAGE,
     Envelope,
     ErrorCode,
     Invalid,
@@ -26,6 +27,7 @@ from claimkit.protocol.models import (
     deadline_passed,
     deadline_record,
     parse_member,
+    payload_problem,
 )
 from claimkit.protocol.ops import ClaimCode, new_token
 from claimkit.protocol.routing import reserved_destination
@@ -165,8 +167,11 @@ class Poller:
         if not candidates:
             return True  # everything was refused by the gate or dead-lettered: wait
         batch, codes = await self._claim(q, candidates, slots)
-        await self._start_workers(q, batch)
         claimed = len(batch)
+        batch, failure = await self._fetch_payloads(q, batch, slots)
+        await self._start_workers(q, batch)
+        if failure is not None:
+            raise failure  # the poller's own handling: note it (or stop), then wait
         if len(members) < len(slots) + claimed:
             return True  # the queue had fewer than we asked for: it is drained for now
         # Claims won by another consumer: poll again at once. Busy ids (a live claim on
@@ -228,6 +233,61 @@ class Poller:
         q.claims.count_claimed(len(batch))
         return batch, codes
 
+    async def _fetch_payloads(
+        self, q: QueueRuntime, batch: list[tuple[Claim, object]], slots: list[object]
+    ) -> tuple[list[tuple[Claim, object]], StoreError | StoreUnavailable | None]:
+        """Fetch the payloads of the claims in ``batch`` whose member names a payload key,
+        in one call (docs/protocol.md#payload-references); a claim that is cancelled or
+        past its deadline is not sent, so its payload is not fetched. Each fetched claim
+        gets its payload, or the reason it has none (missing, or not a JSON object or
+        null: its request ends with ``PAYLOAD_UNAVAILABLE``).
+
+        Returns the batch to start and ``None``; or, when the fetch failed (Redis away, or
+        refused it), the batch without those claims and the error: they are handed back
+        to pending at once (a fenced release, as the sweep does; their slots go back to
+        ``slots``), or, should that fail too, left to lapse and be reclaimed. No record
+        is written for them."""
+        now = self._clock.now()
+        wanted = [
+            (claim, slot)
+            for claim, slot in batch
+            if claim.env.payload_ref is not None
+            and not claim.cancelled
+            and not deadline_passed(claim.env.deadline, now)
+        ]
+        if not wanted:
+            return batch, None
+        refs = [claim.env.payload_ref or "" for claim, _slot in wanted]
+        try:
+            values = await q.ops.fetch_payloads(refs)
+        except (StoreUnavailable, StoreError) as exc:
+            claims = [claim for claim, _slot in wanted]
+            slots += [slot for _claim, slot in wanted]
+            await self._hand_back(q, claims, exc)
+            fetched = {id(claim) for claim in claims}
+            return [entry for entry in batch if id(entry[0]) not in fetched], exc
+        for (claim, _slot), value in zip(wanted, values, strict=True):
+            if value is None:
+                claim.payload_unavailable = PAYLOAD_MISSING_MESSAGE
+            elif (problem := payload_problem(value)) is not None:
+                claim.payload_unavailable = problem
+            else:
+                claim.payload = value
+        return batch, None
+
+    async def _hand_back(
+        self, q: QueueRuntime, claims: list[Claim], why: StoreError | StoreUnavailable
+    ) -> None:
+        """Release ``claims`` whose payloads could not be fetched (``why``); when the
+        release fails too, give them up to lapse (docs/protocol.md#payload-references)."""
+        try:
+            codes = await q.ops.release([(c.env.id, c.token, None) for c in claims])
+        except (StoreUnavailable, StoreError) as exc:
+            q.claims.give_up(claims, f"payloads {q.name}: {why}; handing back failed: {exc}")
+            return
+        q.claims.swept(claims, codes)
+        log.warning("payloads %s: %s; %d claims handed back to pending", q.name, why, len(claims))
+
     async def _start_workers(self, q: QueueRuntime, batch: list[tuple[Claim, object]]) -> None:
         # One worker at a time, each entering its dispatch before the next is started, so a
         # poll batch is dispatched in deadline order (docs/protocol.md#peek). With start_soon
@@ -282,15 +342,30 @@ class Poller:
         """What becomes of ``claim``'s request: ``None`` when its work was cancelled."""
         env = claim.env
         now = self._clock.now()
+        # The claim outlives the dispatch (heartbeat, ack, sweep); its payload must not.
+        payload, claim.payload = claim.payload, None
+        # A payload key is read only for a request whose deadline was ahead at the fetch
+        # (_fetch_payloads): one not read (and not missing) was past it then.
+        unfetched = env.payload_ref is not None and payload is None
         outcome: Outcome | None = None
         with trio.CancelScope() as scope:
             claim.scope = scope
             if claim.cancelled:
                 outcome = Done(TerminalRecord.error(env.id, ErrorCode.CANCELLED, "cancelled"))
-            elif deadline_passed(env.deadline, now):
+            elif deadline_passed(env.deadline, now) or (
+                unfetched and claim.payload_unavailable is None
+            ):
                 # Past the deadline the last HTTP response it had is its record.
                 outcome = Done(deadline_record(env))
+            elif claim.payload_unavailable is not None:
+                outcome = Done(
+                    TerminalRecord.error(
+                        env.id, ErrorCode.PAYLOAD_UNAVAILABLE, claim.payload_unavailable
+                    )
+                )
             else:
+                if payload is not None:
+                    env = replace(env, body=payload)  # this copy lives only as long as the call
                 q.inflight += 1
                 q.metrics.inflight.inc()
                 started = trio.current_time()

@@ -186,6 +186,8 @@ class Settler:
             assert job.record is not None
             job.claim.acking = True
             env = job.claim.env
+            # Every record carries the generation it ends (docs/protocol.md#terminal-record).
+            job.record = job.record.for_generation(env.request_token)
             items.append(
                 AckItem(
                     id=env.id,
@@ -194,6 +196,7 @@ class Settler:
                     result_list=q.ops.result_list_for(env.result_queue_name),
                     record=job.record.to_json(),
                     member=env.raw,
+                    payload_ref=env.payload_ref or "",
                 )
             )
         results = await until_answered(f"ack {q.name}", partial(q.ops.ack, items))

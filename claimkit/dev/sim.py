@@ -149,15 +149,23 @@ def _error_doc(message: str, kind: str) -> dict[str, Any]:
 class SimApp:
     """The simulator's ASGI application (one instance per server; state is in memory).
 
+    Args:
+        config: the behaviour.
+        keep_bodies: keep the exact body of the last completion request per string ``id``
+            of its JSON in :attr:`bodies` (in-process only, for tests: not in ``/stats``).
+
     Attributes:
         config: the behaviour it was built with.
+        bodies: with ``keep_bodies``, ``id -> the last request body`` (exact bytes).
     """
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, *, keep_bodies: bool = False) -> None:
         self.config = config
         self._rng = random.Random(config.seed)
         self._stats = _Stats()
         self._serial = 0
+        self._keep_bodies = keep_bodies
+        self.bodies: dict[str, bytes] = {}
 
     def stats(self) -> dict[str, Any]:
         """The counters, in the shape ``GET /stats`` returns."""
@@ -221,6 +229,8 @@ class SimApp:
         request_id = doc.get("id") if isinstance(doc, dict) else None
         if isinstance(request_id, str):
             stats.calls_by_id[request_id] += 1
+            if self._keep_bodies:
+                self.bodies[request_id] = body
         model = doc.get("model") if isinstance(doc, dict) else None
 
         # Draw the fault and the latency up front, in a fixed order, so a seed reproduces a run.

@@ -45,8 +45,8 @@ ROLES = ("consumer", "producer", "operator")
 # and writes; claimkit never sends them when a role has no transaction.
 _COMMANDS: dict[str, tuple[str, ...]] = {
     # serve: key-type preflight, peek (with GET of the pause key), backlog gauge, the redis
-    # gate's budget, scripts.
-    "consumer": tuple("INFO EVALSHA EVAL TYPE ZRANGE ZCARD GET".split()),
+    # gate's budget, payload fetch (MGET of request-payload:* keys), scripts.
+    "consumer": tuple("INFO EVALSHA EVAL TYPE ZRANGE ZCARD GET MGET".split()),
     # submit (TIME, TYPE, then DEL/SET/ZADD in MULTI/EXEC), cancel (TYPE, GET, SET),
     # results (LRANGE; --pop and --follow: the result scripts).
     "producer": tuple("INFO EVALSHA EVAL TIME TYPE MULTI EXEC DEL SET ZADD GET LRANGE".split()),
@@ -75,13 +75,15 @@ _SCRIPTS: dict[str, tuple[str, ...]] = {
 # On a Redis Cluster (docs/topology.md#cluster-key-layout) every client reads the
 # cluster's slot map (CLUSTER SLOTS) and follows an ASK redirect (ASKING) while a slot
 # migrates; the consumer and the reclaim run finish outbox entries (HSCAN a page, HDEL the
-# pushed); inspect reads the outbox's size (HLEN); cancel reads the record's marker in its
-# list's marker hash (HGET) and its expiry (ZSCORE). The scripts are the cluster variants:
-# acks in one slot or through the outbox, per-list markers, per-queue retry sets; dead
-# requeue deletes markers in each list's slot.
+# pushed), and the consumer deletes the payload keys of the requests an ack ended (DEL:
+# they live in other slots, docs/topology.md#payload-keys); inspect reads the outbox's
+# size (HLEN); cancel reads the record's marker in its list's marker hash (HGET) and its
+# expiry (ZSCORE). The scripts are the cluster variants: acks in one slot or through the
+# outbox, per-list markers, per-queue retry sets; dead requeue deletes markers in each
+# list's slot.
 _CLUSTER_CLIENT = ("CLUSTER|SLOTS", "ASKING")
 _CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
-    "consumer": (*_CLUSTER_CLIENT, "HSCAN", "HDEL"),
+    "consumer": (*_CLUSTER_CLIENT, "HSCAN", "HDEL", "DEL"),
     "producer": (*_CLUSTER_CLIENT, "HGET", "ZSCORE"),
     "operator": (*_CLUSTER_CLIENT, "HLEN", "HSCAN", "HDEL", "HGET", "ZSCORE"),
 }
@@ -162,6 +164,16 @@ def _reader_keys(role: str, lists: Sequence[str], *, cluster: bool) -> list[str]
     ]
 
 
+def _request_prefixes(role: str) -> list[str]:
+    """The per-request key prefixes ``role`` touches besides the dedup markers: the
+    producer's active and cancel markers, and for the consumer the payload keys it reads
+    and deletes (docs/protocol.md#payload-references)."""
+    prefixes = [_keys.REQUEST_ACTIVE_PREFIX, _keys.REQUEST_CANCEL_PREFIX]
+    if role == "consumer":
+        prefixes.append(_keys.REQUEST_PAYLOAD_PREFIX)
+    return prefixes
+
+
 def _queue_keys(
     queue: str, *, cluster: bool, retry_set: str, pending_only: bool = False
 ) -> list[str]:
@@ -220,7 +232,7 @@ def acl_rule(
         keys += [glob(retry), glob(_keys.retry_dead(retry))]
     keys += map(glob, lists)
     keys += map(glob, _reader_keys(role, lists, cluster=cluster))
-    prefixes = [_keys.REQUEST_ACTIVE_PREFIX, _keys.REQUEST_CANCEL_PREFIX]
+    prefixes = _request_prefixes(role)
     if cluster:  # the dedup markers are per list, in its slot: exact names
         for name in lists:
             markers = _keys.ResultKeys.for_list(name)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 RESULT_TERMINAL_PREFIX = "result-terminal:"
 REQUEST_ACTIVE_PREFIX = "request-active:"
 REQUEST_CANCEL_PREFIX = "request-cancel:"
+REQUEST_PAYLOAD_PREFIX = "request-payload:"
 
 DEFAULT_RESULT_LIST = "result-list"
 """The default global ``result_queue_name`` (docs/configuration.md)."""
@@ -359,6 +360,14 @@ def request_cancel(request_id: str) -> str:
     return REQUEST_CANCEL_PREFIX + request_id
 
 
+def request_payload(request_id: str, request_token: str) -> str:
+    """The key holding the payload of one request generation, when its member names it in
+    ``internal.payload_ref`` instead of carrying it: ``request-payload:<id>:<request_token>``
+    (STRING, the payload's exact bytes, with a TTL; llm-d-async's name, the same in every
+    topology: it hashes to its own slot on a cluster; docs/protocol.md#payload-references)."""
+    return f"{REQUEST_PAYLOAD_PREFIX}{request_id}:{request_token}"
+
+
 def claimed_score_field(request_id: str) -> str:
     """The ``<q>:claimed`` field holding a claim's original pending score."""
     return request_id + ":score"
@@ -408,11 +417,19 @@ layout, its durable readers' keys): a name ending in one is never itself a resul
 
 def is_reserved(name: str, reserved: frozenset[str]) -> bool:
     """Whether ``name`` is a key of ``reserved``, a per-request key (``result-terminal:``,
-    ``request-active:``, ``request-cancel:``) or a key kept beside a result list (a name
-    ending ``:result-claimed``, ``:result-ack-tombstones``, ... docs/results.md#keys)."""
+    ``request-active:``, ``request-cancel:``, ``request-payload:``) or a key kept beside a
+    result list (a name ending ``:result-claimed``, ``:result-ack-tombstones``, ...
+    docs/results.md#keys)."""
     return (
         name in reserved
-        or name.startswith((RESULT_TERMINAL_PREFIX, REQUEST_ACTIVE_PREFIX, REQUEST_CANCEL_PREFIX))
+        or name.startswith(
+            (
+                RESULT_TERMINAL_PREFIX,
+                REQUEST_ACTIVE_PREFIX,
+                REQUEST_CANCEL_PREFIX,
+                REQUEST_PAYLOAD_PREFIX,
+            )
+        )
         or name.endswith(_PER_LIST_SUFFIXES)
     )
 

@@ -12,10 +12,13 @@ edits a plain ``dict`` so unknown fields survive.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
 import msgspec
+
+from claimkit.protocol import keys as _keys
 
 __all__ = [
     "DEADLINE_EXCEEDED_MESSAGE",
@@ -24,12 +27,15 @@ __all__ = [
     "LAST_RESPONSE_FIELD",
     "LAST_RESPONSE_MAX_BYTES",
     "MAX_DEADLINE",
+    "PAYLOAD_MISSING_MESSAGE",
+    "PAYLOAD_NOT_JSON_MESSAGE",
     "Envelope",
     "ErrorCode",
     "Invalid",
     "TerminalRecord",
     "deadline_passed",
     "deadline_record",
+    "go_json",
     "max_deliveries_message",
     "parse_member",
     "retry_member",
@@ -90,6 +96,7 @@ class _Internal(msgspec.Struct, omit_defaults=True):
     request_token: str | None = None
     request_queue_name: str | None = None
     result_queue_name: str | None = None
+    payload_ref: str | None = None
     transport_correlation_id: str | None = None
     labels: StrMap | None = None
     # Read leniently (parse_member): a damaged copy must not make the request invalid.
@@ -115,6 +122,18 @@ class ErrorCode:
     INFERENCE_ERROR = "INFERENCE_ERROR"
     INVALID_REQUEST = "INVALID_REQUEST"
     MAX_DELIVERIES_EXCEEDED = "MAX_DELIVERIES_EXCEEDED"
+    PAYLOAD_UNAVAILABLE = "PAYLOAD_UNAVAILABLE"
+
+
+PAYLOAD_MISSING_MESSAGE = "request payload is missing"
+"""``error_message`` of the ``PAYLOAD_UNAVAILABLE`` record of a request whose payload key
+(``internal.payload_ref``) holds nothing when it is fetched (docs/protocol.md#payload-references);
+llm-d-async's text."""
+
+PAYLOAD_NOT_JSON_MESSAGE = "request payload is not a JSON object or null"
+"""``error_message`` of the ``PAYLOAD_UNAVAILABLE`` record of a request whose payload key holds
+something else than one JSON object or ``null``, what a member may carry inline (claimkit
+sends JSON bodies; docs/protocol.md#payload-references). A claimkit addition."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +147,13 @@ class Envelope:
         request_token: ``internal.request_token`` or ``""`` (the request generation).
         last_response: the record of the last HTTP response an earlier attempt had, from
             :data:`LAST_RESPONSE_FIELD` (``None`` when there was none, or it is damaged).
+        payload_ref: ``internal.payload_ref``: the key that holds the request's payload
+            (``request-payload:<id>:<request_token>``, checked by :func:`parse_member`), or
+            ``None`` when the member carries its payload itself
+            (docs/protocol.md#payload-references).
+        body: the payload fetched through :attr:`payload_ref`, its exact stored bytes: the
+            HTTP body sent instead of :attr:`payload`. Only the copy handed to a worker's
+            handler carries it (docs/dispatch.md#body); ``None`` otherwise.
     """
 
     raw: bytes
@@ -142,6 +168,16 @@ class Envelope:
     retry_count: int
     result_queue_name: str | None
     last_response: TerminalRecord | None = None
+    payload_ref: str | None = None
+    body: bytes | None = None
+
+    def body_bytes(self) -> bytes:
+        """The HTTP body of this request (docs/dispatch.md#body): :attr:`body`, the fetched
+        payload's exact bytes, when there is one; else ``data.payload`` as compact JSON
+        (``null`` when it has none)."""
+        if self.body is not None:
+            return self.body
+        return msgspec.json.encode(self.payload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +296,13 @@ def parse_member(raw: bytes) -> Envelope | Invalid:
         rid, token, rq = _salvage(raw)
         return Invalid(raw, f"Failed: request is not valid JSON: {exc}", rid, token, rq)
     data, internal = wire.data, wire.internal
+    ref = internal.payload_ref or None  # "" names no key, as upstream's omitempty writes it
+    if ref is not None:
+        problem = payload_ref_problem(data.id, internal.request_token or "", ref)
+        if problem is not None:
+            return Invalid(
+                raw, problem, data.id, internal.request_token or "", internal.result_queue_name
+            )
     return Envelope(
         raw=raw,
         id=data.id,
@@ -273,7 +316,43 @@ def parse_member(raw: bytes) -> Envelope | Invalid:
         retry_count=internal.retry_count,
         result_queue_name=internal.result_queue_name,
         last_response=_last_response(data.id, internal.claimkit_last_response),
+        payload_ref=ref,
     )
+
+
+def payload_ref_problem(request_id: str, request_token: str, ref: str) -> str | None:
+    """Why a member's ``internal.payload_ref`` cannot be followed, else ``None``.
+
+    claimkit reads and deletes the key a member names, so a member must not be able to
+    name any key it likes (``"q:claimed"``, another request's payload): the one key it may
+    name is its own, ``request-payload:<data.id>:<internal.request_token>``, the key
+    llm-d-async's producer writes (docs/protocol.md#payload-references). The reason is the
+    ``error_message`` of the member's ``INVALID_REQUEST`` record."""
+    if not request_token:
+        return "Failed: invalid request: internal.payload_ref needs an internal.request_token"
+    expected = _keys.request_payload(request_id, request_token)
+    if ref != expected:
+        shown = ref if len(ref) <= 200 else ref[:200] + "..."
+        return (
+            f"Failed: invalid request: internal.payload_ref must be {expected!r} "
+            f"(the key of this request's id and request_token), got {shown!r}"
+        )
+    return None
+
+
+def payload_problem(value: bytes) -> str | None:
+    """Why a fetched payload cannot be the HTTP body, else ``None``: it must be one JSON
+    object or ``null`` (what a member may carry inline, docs/protocol.md#envelope). The
+    reason is the ``error_message`` of the request's ``PAYLOAD_UNAVAILABLE`` record
+    (:data:`PAYLOAD_NOT_JSON_MESSAGE`)."""
+    try:
+        msgspec.json.decode(value, type=msgspec.Raw)
+    except msgspec.DecodeError:
+        return PAYLOAD_NOT_JSON_MESSAGE
+    head = value.lstrip(b" \t\r\n")[:1]
+    if head == b"{" or head == b"n":  # n: a valid JSON value starting with n is null
+        return None
+    return PAYLOAD_NOT_JSON_MESSAGE
 
 
 def _last_response(request_id: str, carried: object) -> TerminalRecord | None:
@@ -324,12 +403,47 @@ def retry_queue_name(member: bytes) -> str | None:
     return queue if isinstance(queue, str) and queue else None
 
 
+_GO_ESCAPES = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def go_json(value: object) -> str:
+    """``value`` as compact JSON text, byte for byte as Go's ``encoding/json`` (``Marshal``)
+    writes the same strings, maps and numbers: what llm-d-async writes
+    (docs/protocol.md#terminal-record).
+
+    Go escapes ``"``, ``\\``, the control characters (``\\n``, ``\\r``, ``\\t``, ``\\b``,
+    ``\\f``, else ``\\u00xx``), the HTML characters ``<``, ``>``, ``&`` (``\\u003c``,
+    ``\\u003e``, ``\\u0026``) and U+2028/U+2029 (``\\u2028``, ``\\u2029``); it writes every
+    other character, DEL and non-ASCII included, as UTF-8. Python's
+    ``json.dumps(ensure_ascii=False)`` does the first part; the rest is replaced here (none
+    of those characters can appear in what ``json.dumps`` wrote as an escape). A lone
+    surrogate, which no UTF-8 text holds, is written ``\\ufffd``, as Go writes a byte that
+    is not UTF-8. ``lua/_record.lua`` writes the same bytes (a test compares them).
+    """
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for char, escape in _GO_ESCAPES:
+        if char in text:
+            text = text.replace(char, escape)
+    if not text.isascii():
+        text = _SURROGATE.sub(lambda _m: "\\ufffd", text)
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class TerminalRecord:
     """One element of a result list (docs/protocol.md#terminal-record).
 
     ``payload`` is always a string: the raw HTTP body, or ``{"error":"<message>"}`` for a
     non-HTTP outcome. ``status_code`` is ``None`` when no HTTP response was had.
+    ``request_token`` is the generation's ``internal.request_token``, ``None`` when the
+    request had none (:meth:`for_generation` sets it as the record is acked).
     """
 
     id: str
@@ -337,42 +451,70 @@ class TerminalRecord:
     status_code: int | None = None
     error_code: str | None = None
     error_message: str | None = None
+    request_token: str | None = None
 
     @classmethod
-    def http(cls, request_id: str, status_code: int, body: str) -> TerminalRecord:
-        return cls(id=request_id, payload=body, status_code=status_code)
-
-    @classmethod
-    def error(cls, request_id: str, code: str, message: str) -> TerminalRecord:
+    def http(
+        cls, request_id: str, status_code: int, body: str, request_token: str | None = None
+    ) -> TerminalRecord:
+        """The record of an HTTP response: its status and exact body text."""
         return cls(
             id=request_id,
-            payload=json.dumps({"error": message}, separators=(",", ":"), ensure_ascii=False),
-            error_code=code,
-            error_message=message,
+            payload=body,
+            status_code=status_code,
+            request_token=request_token or None,
         )
 
+    @classmethod
+    def error(
+        cls, request_id: str, code: str, message: str, request_token: str | None = None
+    ) -> TerminalRecord:
+        """The record of a non-HTTP outcome: ``payload`` is ``{"error":"<message>"}`` as Go
+        writes that map (:func:`go_json`)."""
+        return cls(
+            id=request_id,
+            payload=go_json({"error": message}),
+            error_code=code,
+            error_message=message,
+            request_token=request_token or None,
+        )
+
+    def for_generation(self, request_token: str) -> TerminalRecord:
+        """This record carrying ``request_token`` (``""``: none), the generation it ends."""
+        token = request_token or None
+        return self if token == self.request_token else replace(self, request_token=token)
+
     def to_json(self) -> bytes:
-        """Serialise with the fields in their documented order, omitting absent ones
-        (docs/protocol.md#terminal-record)."""
+        """Serialise as llm-d-async writes its result (``InternalResult``): ``id``,
+        ``status_code`` (omitted when ``None``), ``payload``, ``error_code``,
+        ``error_message`` (each omitted when ``None`` or empty), ``request_token`` last
+        (omitted when ``None`` or empty), escaped as Go escapes (:func:`go_json`), so the
+        bytes are Go's for the same record (docs/protocol.md#terminal-record)."""
         out: dict[str, Any] = {"id": self.id}
         if self.status_code is not None:
             out["status_code"] = self.status_code
         out["payload"] = self.payload
-        if self.error_code is not None:
+        if self.error_code:
             out["error_code"] = self.error_code
+        if self.error_message:
             out["error_message"] = self.error_message
-        return json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode()
+        if self.request_token:
+            out["request_token"] = self.request_token
+        return go_json(out).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> TerminalRecord:
-        """Parse a record read from a result list. Raises ``ValueError`` if it is not one."""
+        """Parse a record read from a result list. Raises ``ValueError`` if it is not one.
+        A ``request_token`` that is not a non-empty string reads as ``None``."""
         doc = json.loads(raw)
         if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
             raise ValueError("not a terminal record: no string `id`")
+        token = doc.get("request_token")
         return cls(
             id=doc["id"],
             payload=str(doc.get("payload", "")),
             status_code=doc.get("status_code"),
             error_code=doc.get("error_code"),
             error_message=doc.get("error_message"),
+            request_token=token if isinstance(token, str) and token else None,
         )

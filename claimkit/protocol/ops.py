@@ -18,6 +18,7 @@ mover use the queue's own retry set.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -41,7 +42,7 @@ from claimkit.protocol.store_calls import first_wrong_type as first_wrong_type
 from claimkit.protocol.store_calls import move_retries as move_retries
 from claimkit.protocol.tokens import new_token as new_token
 from claimkit.protocol.tokens import token_time as token_time
-from claimkit.store import StoreUnavailable
+from claimkit.store import StoreError, StoreUnavailable
 from claimkit.store.scripts import script
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ __all__ = [
     "token_time",
 ]
 
+_log = logging.getLogger("claimkit")
+
 RENEW_CHUNK = 1000
 """Claims per renew script call. ``lua/renew-2.lua`` costs ~3.5-5 us of Redis time per claim
 (half of it is only Redis building the script's ARGV), so 1000 claims stay near ~5 ms. A tick
@@ -79,7 +82,10 @@ for 10k held claims is 10 such calls sent in one round trip (docs/performance.md
 
 @dataclass(frozen=True, slots=True)
 class AckItem:
-    """One terminal record to ack (docs/protocol.md#ack)."""
+    """One terminal record to ack (docs/protocol.md#ack).
+
+    ``payload_ref`` is the request's payload key (``Envelope.payload_ref``) or ``""``: the
+    ack that ends the request deletes it (docs/protocol.md#payload-references)."""
 
     id: str
     token: str
@@ -87,6 +93,7 @@ class AckItem:
     result_list: str
     record: bytes
     member: bytes
+    payload_ref: str = ""
 
 
 ORPHAN_SCAN_COUNT = CHUNK
@@ -239,7 +246,9 @@ class QueueOps:
                 if bad.id is None:
                     args += [bad.raw, "", "", "", ""]
                 else:
-                    record = TerminalRecord.error(bad.id, ErrorCode.INVALID_REQUEST, bad.reason)
+                    record = TerminalRecord.error(
+                        bad.id, ErrorCode.INVALID_REQUEST, bad.reason, bad.request_token
+                    )
                     args += [
                         bad.raw,
                         bad.request_token,
@@ -266,7 +275,9 @@ class QueueOps:
                     args += [bad.raw, "", "", "", "", ""]
                     entries.append(None)
                     continue
-                record = TerminalRecord.error(bad.id, ErrorCode.INVALID_REQUEST, bad.reason)
+                record = TerminalRecord.error(
+                    bad.id, ErrorCode.INVALID_REQUEST, bad.reason, bad.request_token
+                )
                 entry = _outbox.OutboxEntry(
                     field=_keys.outbox_field(bad.id, new_token()).encode(),
                     list=self.result_list_for(bad.result_queue_name),
@@ -372,6 +383,67 @@ class QueueOps:
                 out[i] = ClaimCode.CANCELLED
         return out
 
+    # -- payloads (docs/protocol.md#payload-references) ---------------------------------------
+
+    async def fetch_payloads(self, refs: Sequence[str]) -> list[bytes | None]:
+        """The values of the payload keys ``refs`` (``request-payload:<id>:<token>``), in
+        order: the exact stored bytes, or ``None`` for a key that is missing (or holds
+        another type than a string, which ``MGET`` reads as missing).
+
+        One round trip: standalone one ``MGET`` of every key; on a cluster, where each
+        payload key hashes to its own slot, one ``MGET`` per slot, sent as one pipeline
+        (docs/topology.md#payload-keys). Reads only; an empty ``refs`` sends nothing.
+
+        Raises:
+            StoreUnavailable, StoreError: as the store does; nothing was written.
+        """
+        if not refs:
+            return []
+        if not self.cluster:
+            return list(await self.store.command("MGET", *refs))
+        by_slot: dict[int, list[int]] = {}
+        for i, ref in enumerate(refs):
+            by_slot.setdefault(_keys.key_slot(ref), []).append(i)
+        groups = list(by_slot.values())
+        replies = await self.store.pipeline(
+            [["MGET", *(refs[i] for i in group)] for group in groups], transaction=False
+        )
+        out: list[bytes | None] = [None] * len(refs)
+        for group, reply in zip(groups, replies, strict=True):
+            for i, value in zip(group, reply, strict=True):
+                out[i] = value
+        return out
+
+    async def _drop_payloads(
+        self, items: Sequence[AckItem], results: Sequence[tuple[bool, bool]]
+    ) -> None:
+        """Cluster: delete the payload keys of the acked items whose ack ended the request
+        (pushed, or the claim was the caller's), one ``DEL`` per slot in one pipeline. The
+        keys live in other slots than the queue's, so no ack script can delete them. A
+        failure is only logged: each key expires with its TTL
+        (docs/topology.md#payload-keys)."""
+        refs = [
+            it.payload_ref
+            for it, (pushed, owned) in zip(items, results, strict=True)
+            if it.payload_ref and (pushed or owned)
+        ]
+        if not refs:
+            return
+        by_slot: dict[int, list[str]] = {}
+        for ref in refs:
+            by_slot.setdefault(_keys.key_slot(ref), []).append(ref)
+        try:
+            await self.store.pipeline(
+                [["DEL", *group] for group in by_slot.values()], transaction=False
+            )
+        except (StoreUnavailable, StoreError) as exc:
+            _log.warning(
+                "ack %s: deleting %d payload keys failed (%s); they expire with their TTL",
+                self.queue,
+                len(refs),
+                exc,
+            )
+
     def _claim_keys(self) -> list[str]:
         k = self.keys
         return [k.pending, k.claimed, k.owners, k.index]
@@ -439,7 +511,9 @@ class QueueOps:
         never applied and the claim lost during the outage, this miscounts a suppressed
         duplicate as acked; the records themselves are right either way)."""
         if self.cluster:
-            return await self._ack_cluster(items)
+            results = await self._ack_cluster(items)
+            await self._drop_payloads(items, results)
+            return results
         out: list[tuple[bool, bool]] = []
         k = self.keys
         for chunk in _chunks(items):
@@ -453,6 +527,7 @@ class QueueOps:
                     it.result_list,
                     it.record,
                     it.member,
+                    it.payload_ref,
                 ]
             reply = await self.store.run(
                 script("ack"), [k.pending, k.claimed, k.owners, k.index, k.deliveries], args
@@ -766,11 +841,11 @@ class QueueProtocol(Protocol):
     :class:`~claimkit.protocol.routing.ResultRouting`), ``result_list``, ``retry_set``
     (the retry set :meth:`move_retries` drains: queues with the same one need one mover),
     ``result_list_for``, ``peek``, ``peek_unless_paused`` (the poller's: the peek and the
-    pause key in one round trip), ``dead_letter``, ``claim``, ``renew``, ``ack``, ``park``,
-    ``release``, ``reclaim``, ``move_retries``, ``backlog``, ``first_wrong_type``. Times
-    are Unix seconds on the Redis server clock; each call raises
-    :class:`~claimkit.store.StoreUnavailable` or :class:`~claimkit.store.StoreError` as
-    Redis fails.
+    pause key in one round trip), ``dead_letter``, ``claim``, ``fetch_payloads``,
+    ``renew``, ``ack``, ``park``, ``release``, ``reclaim``, ``move_retries``, ``backlog``,
+    ``first_wrong_type``. Times are Unix seconds on the Redis server clock; each call
+    raises :class:`~claimkit.store.StoreUnavailable` or
+    :class:`~claimkit.store.StoreError` as Redis fails.
     """
 
     @property
@@ -796,6 +871,8 @@ class QueueProtocol(Protocol):
     async def claim(
         self, candidates: Sequence[tuple[Envelope, str]], lease_ttl: float
     ) -> tuple[float, list[ClaimCode]]: ...
+
+    async def fetch_payloads(self, refs: Sequence[str]) -> list[bytes | None]: ...
 
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
