@@ -402,7 +402,9 @@ async def test_an_outage_hands_requests_back_and_the_deadline_still_ends_them(
     consumer = Consumer(consumer_config(redis_url, f"http://127.0.0.1:{port}"), store)
     now = int(await server_now(store))
     producer = Producer(store, Q)
-    await producer.submit({"id": "soon", "deadline": now + 3, "payload": {"id": "soon"}})
+    soon_token = await producer.submit(
+        {"id": "soon", "deadline": now + 3, "payload": {"id": "soon"}}
+    )
     await producer.submit({"id": "late", "deadline": now + 600, "payload": {"id": "late"}})
     before = await store.command("ZRANGE", Q, 0, -1, "WITHSCORES")
     with trio.fail_after(30):
@@ -432,6 +434,7 @@ async def test_an_outage_hands_requests_back_and_the_deadline_still_ends_them(
         "payload": '{"error":"deadline exceeded"}',
         "error_code": "DEADLINE_EXCEEDED",
         "error_message": "deadline exceeded",
+        "request_token": soon_token,
     }
     assert records["late"]["status_code"] == 200
     unsent = sample(consumer, "async_gateway_unsent_total")

@@ -104,7 +104,7 @@ async def test_receive_claims_the_oldest_under_a_lease_in_server_milliseconds(
             "r1",
             "g1",
         )
-        assert got.record == TerminalRecord.http("r1", 200, "{}")
+        assert got.record == TerminalRecord.http("r1", 200, "{}", request_token="g1")
         assert got.unparsable is None
         assert got.dedup_key == ("r1", "g1")
         assert await store.command("LRANGE", L, 0, -1) == [rec("r2")]
