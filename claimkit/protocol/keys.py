@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 RESULT_TERMINAL_PREFIX = "result-terminal:"
 REQUEST_ACTIVE_PREFIX = "request-active:"
 REQUEST_CANCEL_PREFIX = "request-cancel:"
+REQUEST_SEQ_PREFIX = "request-seq:"
+REQUEST_PAYLOAD_PREFIX = "request-payload:"
 
 DEFAULT_RESULT_LIST = "result-list"
 """The default global ``result_queue_name`` (docs/configuration.md)."""
@@ -263,6 +265,30 @@ def request_cancel(request_id: str) -> str:
     return REQUEST_CANCEL_PREFIX + request_id
 
 
+def request_seq(queue: str, deadline: int, *, cluster: bool = False) -> str:
+    """The enqueue-order counter of ``queue``'s requests of one ``deadline`` (Unix seconds;
+    docs/protocol.md#enqueue-order): ``request-seq:<q>:<deadline>``; in the cluster layout
+    ``request-seq:`` + ``slot_key(q)`` + ``:<deadline>`` (``request-seq:{q}:1900000000``),
+    in the queue's slot (docs/topology.md#cluster-key-layout). A STRING holding a count."""
+    return f"{request_seq_prefix(queue, cluster=cluster)}{deadline}"
+
+
+def request_seq_prefix(queue: str, *, cluster: bool = False) -> str:
+    """What every counter of ``queue`` (:func:`request_seq`) starts with:
+    ``request-seq:<q>:``, in the cluster layout ``request-seq:`` + ``slot_key(q)`` + ``:``
+    (``claimkit acl`` grants ``~<prefix>*``)."""
+    base = slot_key(queue) if cluster else queue
+    return f"{REQUEST_SEQ_PREFIX}{base}:"
+
+
+def request_payload(request_id: str, token: str) -> str:
+    """Where a request submitted with a payload reference keeps its payload
+    (docs/protocol.md#payload-references): ``request-payload:<id>:<token>``, ``token``
+    being the request's ``request_token``. The same name in every layout: the key lives in
+    its own slot in a Redis Cluster. A STRING holding the payload's JSON text."""
+    return f"{REQUEST_PAYLOAD_PREFIX}{request_id}:{token}"
+
+
 def claimed_score_field(request_id: str) -> str:
     """The ``<q>:claimed`` field holding a claim's original pending score."""
     return request_id + ":score"
@@ -317,9 +343,15 @@ def reserved_keys(
 
 def is_reserved(name: str, reserved: frozenset[str]) -> bool:
     """Whether ``name`` is a key of ``reserved`` or a per-request key (``result-terminal:``,
-    ``request-active:``, ``request-cancel:``)."""
+    ``request-active:``, ``request-cancel:``, ``request-seq:``, ``request-payload:``)."""
     return name in reserved or name.startswith(
-        (RESULT_TERMINAL_PREFIX, REQUEST_ACTIVE_PREFIX, REQUEST_CANCEL_PREFIX)
+        (
+            RESULT_TERMINAL_PREFIX,
+            REQUEST_ACTIVE_PREFIX,
+            REQUEST_CANCEL_PREFIX,
+            REQUEST_SEQ_PREFIX,
+            REQUEST_PAYLOAD_PREFIX,
+        )
     )
 
 
