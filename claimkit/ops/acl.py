@@ -45,10 +45,11 @@ ROLES = ("consumer", "producer", "operator")
 _COMMANDS: dict[str, tuple[str, ...]] = {
     # serve: key-type preflight, peek, backlog gauge, the redis gate's budget, scripts.
     "consumer": tuple("INFO EVALSHA EVAL TYPE ZRANGE ZCARD GET".split()),
-    # submit (TIME, TYPE, then DEL/SET/ZADD in MULTI/EXEC), cancel (TYPE, GET, SET),
-    # results (RPOP, LRANGE; --follow: BLMOVE, LINDEX, LMOVE, DEL).
+    # submit (TIME, TYPE, then its script; on a cluster DEL and SET, then the script),
+    # cancel (TYPE, GET in MULTI/EXEC, SET), results (RPOP, LRANGE; --follow: BLMOVE,
+    # LINDEX, LMOVE, DEL).
     "producer": tuple(
-        "INFO TIME TYPE MULTI EXEC DEL SET ZADD GET RPOP LRANGE BLMOVE LINDEX LMOVE".split()
+        "INFO EVALSHA EVAL TIME TYPE MULTI EXEC DEL SET GET RPOP LRANGE BLMOVE LINDEX LMOVE".split()
     ),
     # inspect, drain, reclaim, dead list/requeue/purge, results, cancel.
     "operator": tuple(
@@ -59,7 +60,7 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
 # The Lua scripts each role runs; the commands they call are read from their sources.
 _SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple("claim ack renew release reclaim park move-retries dead-letter".split()),
-    "producer": (),
+    "producer": ("submit",),
     "operator": ("inspect", "release", "reclaim", "requeue-dead"),
 }
 # On a Redis Cluster (docs/topology.md#cluster-key-layout) every client reads the
@@ -80,14 +81,14 @@ _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
         "claim cancelled renew ack-local ack-outbox push-result outbox-aim park release "
         "reclaim-cluster move-retries-queue dead-letter-outbox".split()
     ),
-    "producer": (),
+    "producer": ("enqueue",),
     "operator": tuple(
         "inspect release reclaim-cluster push-result outbox-aim requeue-dead drop-markers".split()
     ),
 }
 # With wait_replicas set, every call of a writing script is followed by WAIT
-# (docs/topology.md#failover): the consumer's, and drain's and reclaim's.
-_WAITS = ("consumer", "operator")
+# (docs/topology.md#failover): the consumer's, submit's, and drain's and reclaim's.
+_WAITS = ("consumer", "producer", "operator")
 # A command a script calls: named in the call, or in a table of commands (the key guard's
 # ``{ zset = 'ZCARD', ... }``).
 _LUA_CALL = re.compile(r"(?:redis\.p?call\(\s*|=\s*)['\"]([A-Z][A-Za-z]+)['\"]")
@@ -190,12 +191,16 @@ def acl_rule(
             glob,
             _queue_keys(name, cluster=cluster, retry_set=retry, pending_only=role == "producer"),
         )
+        if role == "producer":  # the queue's enqueue-order counters, one per deadline
+            keys.append(glob(_keys.request_seq_prefix(name, cluster=cluster)) + "*")
     if role != "producer" and not cluster:  # a cluster has a retry set per queue (above)
         keys += [glob(retry), glob(_keys.retry_dead(retry))]
     keys += map(glob, lists)
     if role != "consumer":
         keys += [glob(_keys.results_holding_prefix(name, cluster=cluster)) + "*" for name in lists]
     prefixes = [_keys.REQUEST_ACTIVE_PREFIX, _keys.REQUEST_CANCEL_PREFIX]
+    if role == "producer":  # submit --payload-ref
+        prefixes.append(_keys.REQUEST_PAYLOAD_PREFIX)
     if cluster:  # the dedup markers are per list, in its slot: exact names
         for name in lists:
             markers = _keys.ResultKeys.for_list(name)
