@@ -29,6 +29,8 @@ from claimkit.protocol.models import (
 from claimkit.store.scripts import SHEBANG, _lua_dir, _resolve
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from claimkit.store import Arg, Store
 
 H = ENQUEUED_AT_HORIZON_MS
@@ -192,7 +194,9 @@ def python(deadline: int, seq: int | None, at: int | None) -> str:
     return format_score(queue_score(deadline, seq, at))
 
 
-async def lua_scores(store: Store, cases: list[tuple[int, int | None, int | None]]) -> list[str]:
+async def lua_scores(
+    store: Store, cases: Sequence[tuple[int, int | None, int | None]]
+) -> list[str]:
     args: list[Arg] = []
     for deadline, seq, at in cases:
         args += [deadline, "" if seq is None else seq, "" if at is None else at]
