@@ -613,7 +613,8 @@ def test_acl_keys_are_the_cluster_names() -> None:
         "request-cancel:*",
     )
     producer = acl_rule(cluster_config("q", "results"), "producer")
-    assert producer.keys[:2] == ("q", "results")
+    assert producer.keys[:3] == ("q", "request-seq:\\{q\\}:*", "results")
+    assert producer.keys[-1] == "request-payload:*"
     for rule in (untagged, tagged, producer):
         assert {"cluster|slots", "asking"} <= set(rule.commands)
     assert {"hlen", "hdel", "hscan"} <= set(untagged.commands)  # outbox count and replay
@@ -622,7 +623,7 @@ def test_acl_keys_are_the_cluster_names() -> None:
 
 def test_acl_grants_wait_when_the_config_waits_for_replicas() -> None:
     """``wait_replicas`` > 0: every writing script call is followed by WAIT, in either
-    mode; the producer writes no script."""
+    mode; the producer's submit script too."""
     for mode_fields in ({}, {"mode": "cluster", "addrs": ["127.0.0.1:7001"]}):
         doc = {
             "url": "redis://127.0.0.1:7000/0",
@@ -632,7 +633,7 @@ def test_acl_grants_wait_when_the_config_waits_for_replicas() -> None:
         }
         config = load_config(inline=json.dumps(doc))
         waits = {role: "wait" in acl_rule(config, role).commands for role in ROLES}
-        assert waits == {"consumer": True, "producer": False, "operator": True}
+        assert waits == {"consumer": True, "producer": True, "operator": True}
 
 
 def _knows_client_setinfo(cluster: RedisCluster) -> bool:

@@ -149,6 +149,20 @@ def _queue_keys(
     return list(keys.types())
 
 
+def _role_queue_keys(name: str, role: str, *, cluster: bool, retry_set: str) -> list[str]:
+    """The patterns of queue ``name``'s keys ``role`` touches: the producer the pending set
+    and its enqueue-order counters (``request-seq:<q>:*``, one per deadline), the others
+    every per-queue key of the layout."""
+    producer = role == "producer"
+    keys = _queue_keys(name, cluster=cluster, retry_set=retry_set, pending_only=producer)
+    patterns = [_glob(k, braces=cluster) for k in keys]
+    if producer:
+        patterns.append(
+            _glob(_keys.request_seq_prefix(name, cluster=cluster), braces=cluster) + "*"
+        )
+    return patterns
+
+
 def cluster_config(config: Config) -> bool:
     """Whether ``config`` names a Redis Cluster (``mode: cluster``), so its rules use the
     cluster key layout (docs/topology.md#cluster-key-layout)."""
@@ -187,20 +201,14 @@ def acl_rule(
 
     keys: list[str] = []
     for name in names:
-        keys += map(
-            glob,
-            _queue_keys(name, cluster=cluster, retry_set=retry, pending_only=role == "producer"),
-        )
-        if role == "producer":  # the queue's enqueue-order counters, one per deadline
-            keys.append(glob(_keys.request_seq_prefix(name, cluster=cluster)) + "*")
+        keys += _role_queue_keys(name, role, cluster=cluster, retry_set=retry)
     if role != "producer" and not cluster:  # a cluster has a retry set per queue (above)
         keys += [glob(retry), glob(_keys.retry_dead(retry))]
     keys += map(glob, lists)
     if role != "consumer":
         keys += [glob(_keys.results_holding_prefix(name, cluster=cluster)) + "*" for name in lists]
     prefixes = [_keys.REQUEST_ACTIVE_PREFIX, _keys.REQUEST_CANCEL_PREFIX]
-    if role == "producer":  # submit --payload-ref
-        prefixes.append(_keys.REQUEST_PAYLOAD_PREFIX)
+    prefixes += [_keys.REQUEST_PAYLOAD_PREFIX] if role == "producer" else []  # --payload-ref
     if cluster:  # the dedup markers are per list, in its slot: exact names
         for name in lists:
             markers = _keys.ResultKeys.for_list(name)
