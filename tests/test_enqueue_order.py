@@ -29,6 +29,7 @@ from support import (
 
 from claimkit.consumer.consumer import Consumer
 from claimkit.consumer.dispatch import Done
+from claimkit.ops.inspect import snapshot as inspect_snapshot
 from claimkit.producer import INVALID_PAYLOAD_MESSAGE, Producer, SubmitError
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import Envelope, TerminalRecord, parse_member, retry_member
@@ -103,6 +104,14 @@ async def test_ten_requests_of_one_deadline_are_claimed_in_submission_order(stor
         for k, rid in enumerate(IDS, start=1):
             field = _keys.claimed_score_field(rid)
             assert float(await store.command("HGET", ops.keys.claimed, field)) == d + k * STEP
+
+
+async def test_inspect_gives_the_next_deadline_without_the_fraction(store: Store) -> None:
+    with trio.fail_after(20):
+        d = await future(store)
+        await submit_one_by_one(store, d, ["a", "b"])
+        shown = await inspect_snapshot(store, Q)
+        assert (shown.pending, shown.oldest_pending_deadline) == (2, float(d))
 
 
 async def test_one_batch_is_ordered_as_given(store: Store) -> None:
