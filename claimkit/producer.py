@@ -271,7 +271,8 @@ class Producer:
 
         Raises:
             SubmitError: a request is invalid (its position in ``index``), the queue key
-                holds another Redis type, or a ``request-seq`` counter holds something else
+                holds another Redis type or is named like a per-request key
+                (``request-active:…``), or a ``request-seq`` counter holds something else
                 than a count (a hand edit; ``index``: the first request counting on it);
                 nothing was written (on a cluster, a bad counter leaves the requests of the
                 other deadlines queued).
@@ -282,6 +283,11 @@ class Producer:
         Cancellation: on a standalone Redis the one script call is written whole or not at
         all; on a cluster a cancelled call may leave markers of requests it never queued.
         """
+        if _keys.is_reserved(self.queue, frozenset()):
+            raise SubmitError(
+                f"queue name {self.queue!r} is the name of a per-request key "
+                "(docs/protocol.md#keys): choose another"
+            )
         now_reply, kind = await self.store.pipeline(
             [["TIME"], ["TYPE", self.queue]], transaction=False
         )

@@ -7,7 +7,8 @@
   min(seq, 2^21 - 1) / 2^21, written '%.17g': lua/_queue-score.lua,
   docs/protocol.md#enqueue-order). Both keys share the queue's slot.
 
-  Every check comes before the first write: the queue's type, the numbers, the counter.
+  Every check comes before the first write: the queue's type, the numbers, the counter
+  (another key than the queue).
 
   Input:
     KEYS[1] pending ZSET           <q>
@@ -33,6 +34,7 @@ if #ARGV % 2 ~= 0 then
   error('claimkit: enqueue takes two arguments per request after the first two, got '
     .. (#ARGV - 2))
 end
+if KEYS[2] == KEYS[1] then error('claimkit: the counter is the queue ' .. KEYS[1]) end
 local problem = counter_problem(KEYS[2])
 if problem then return { 0, 1, KEYS[2] .. ' ' .. problem } end
 

@@ -6,8 +6,9 @@
   internal.enqueue_seq, at its queue score (deadline + min(seq, 2^21 - 1) / 2^21, written
   '%.17g': lua/_queue-score.lua, docs/protocol.md#enqueue-order).
 
-  Every check comes before the first write: the queue's type, every number, and every
-  counter (lua/_enqueue.lua); a counter that cannot be counted on refuses the whole call.
+  Every check comes before the first write: the queue's type, every number, that no
+  per-request key is the queue, and every counter (lua/_enqueue.lua); a counter that
+  cannot be counted on refuses the whole call.
   The per-request keys are named in ARGV (claimkit/protocol/keys.py builds them): a cancel
   marker is deleted and an active marker or payload key overwritten whatever it holds.
 
@@ -47,6 +48,12 @@ for i = 1, #ARGV, STRIDE do
   count_arg(i + 5, 1)
   if ARGV[i + 6] ~= '' then count_arg(i + 8, 1) end
   count_arg(i + 11, 1)
+  -- A per-request key that is the queue itself would be overwritten before its ZADD.
+  for _, j in ipairs({ 0, 2, 3, 6 }) do
+    if ARGV[i + j] == KEYS[1] then
+      error('claimkit: the queue ' .. KEYS[1] .. ' is also a per-request key of the submit')
+    end
+  end
 end
 for i = 1, #ARGV, STRIDE do
   local problem = counter_problem(ARGV[i])

@@ -521,3 +521,16 @@ def test_cli_submit_payload_ref(redis_url: str) -> None:
     }
     assert doc["data"] == {"id": "a", "deadline": 4102444800, "payload": None}
     assert payload == b'{"p":1}'
+
+
+async def test_a_queue_named_like_a_per_request_key_is_refused(store: Store) -> None:
+    with trio.fail_after(20):
+        d = await future(store)
+        for queue in ("request-active:x", "request-seq:q:1", "request-payload:a:b"):
+            with pytest.raises(SubmitError) as info:
+                await Producer(store, queue).submit({"id": "x", "deadline": d})
+            assert str(info.value) == (
+                f"queue name {queue!r} is the name of a per-request key (docs/protocol.md#keys): "
+                "choose another"
+            )
+        assert await store.command("KEYS", "*") == []
