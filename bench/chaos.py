@@ -19,7 +19,8 @@ reads Redis ``MONITOR`` (see ``bench/chaos_observe.py``). At the end it checks:
 1. every accepted request has exactly one terminal record (lost = 0, duplicates = 0);
 2. at every sample each accepted request is in exactly one of pending, claimed, retry,
    dead, results (a dead-lettered request's record counts with its dead entry), claims are
-   whole (owner, payload, score, lease entry) and a pending member's score is its deadline;
+   whole (owner, payload, score, lease entry) and a pending member's score is its own
+   (its deadline and enqueue order, docs/protocol.md#enqueue-order);
 3. no record exists for an id that was never submitted;
 4. within each poll batch (one claim call) the candidates are in deadline order, so the
    first dispatch of a batch follows deadlines;

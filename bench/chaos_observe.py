@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from claimkit.protocol.keys import QueueKeys, key_slot
+from claimkit.protocol.models import Envelope
+from claimkit.protocol.models import parse_member as parse_envelope
 from claimkit.store.scripts import Script, all_scripts
 
 # -- the atomic snapshot -----------------------------------------------------------------------
@@ -153,11 +155,14 @@ def _flat_pairs(reply: Any) -> list[tuple[bytes, bytes]]:
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """What the harness needs of one envelope: its id, generation and deadline."""
+    """What the harness needs of one envelope: its id, generation, deadline and pending
+    score (its deadline and enqueue order, docs/protocol.md#enqueue-order; the deadline
+    for a member the consumer would not parse)."""
 
     id: str | None
     token: str
     deadline: float | None
+    score: float | None = None
 
 
 _member_cache: dict[bytes, Member] = {}
@@ -186,7 +191,8 @@ def parse_member(raw: bytes) -> Member:
             token = internal["request_token"]
     except ValueError:
         pass
-    found = Member(rid, token, deadline)
+    env = parse_envelope(raw)
+    found = Member(rid, token, deadline, env.score if isinstance(env, Envelope) else deadline)
     if len(_member_cache) < 200_000:
         _member_cache[raw] = found
     return found
@@ -203,7 +209,7 @@ class Locations:
             "retry", "dead", "outbox"); records are not listed here (see
             :func:`location_problem`).
         problems: structural faults seen in this snapshot alone (a claim whose entries are
-            not all present, a pending score that is not the deadline).
+            not all present, a pending score that is not its own).
         result_count: length of the result list (``None`` when not read: QUEUE_SNAPSHOT).
         new_records: records pushed since the caller's last snapshot, oldest first.
         outbox_count: entries in the cluster outbox.
@@ -231,9 +237,9 @@ class Locations:
         for raw, score in pending:
             m = parse_member(raw)
             loc.places[m.id if m.id is not None else "<unreadable>"].append("pending")
-            if m.deadline is not None and float(score) != m.deadline:
+            if m.score is not None and float(score) != m.score:
                 loc.problems.append(
-                    f"pending member of {m.id!r} scored {float(score)}, deadline {m.deadline}"
+                    f"pending member of {m.id!r} scored {float(score)}, its own score {m.score}"
                 )
         seen_fields: set[bytes] = set()
         for rid_b, token in owners.items():

@@ -3,7 +3,6 @@ too (docs/results.md)."""
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,15 @@ from claimkit.protocol.result_delivery import (
     ResultOwnershipLost,
     read_results,
 )
+from claimkit.protocol.submit import (
+    ENQUEUE_SEQ_FIELD,
+    CounterRefused,
+    MemberParts,
+    Submission,
+    compact_json,
+    member_parts,
+    write_submissions,
+)
 from claimkit.result_reader import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_POLL_SECONDS,
@@ -37,11 +45,18 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from contextlib import AbstractAsyncContextManager
 
-    from claimkit.store import Arg, Store
+    from claimkit.store import Store
 
-__all__ = ["CANCEL_TTL_SECONDS", "Producer", "SubmitError"]
+__all__ = ["CANCEL_TTL_SECONDS", "INVALID_PAYLOAD_MESSAGE", "Producer", "SubmitError"]
 
 CANCEL_TTL_SECONDS = 604800  # 7 days (docs/protocol.md#keys, request-cancel:<id>)
+
+INVALID_PAYLOAD_MESSAGE = "invalid payload: must be a JSON object or null"
+"""The refusal of a request whose ``data.payload`` is not a JSON object or ``null``
+(llm-d-async's producer's words; docs/protocol.md#producer)."""
+
+PAYLOAD_REF_FIELD = "payload_ref"
+"""The ``internal`` field naming a request's payload key (docs/protocol.md#payload-references)."""
 
 
 class SubmitError(ValueError):
@@ -104,6 +119,14 @@ class Producer:
         queue: the pending ZSET ``<q>``.
         result_list: the list :meth:`results` reads (default ``result-list``); on a Redis
             Cluster also the list whose dedup markers :meth:`cancel` consults.
+        payload_refs: submit with payload references (docs/protocol.md#payload-references):
+            each request's ``data.payload`` is stored apart, at
+            ``request-payload:<id>:<token>`` (expiring 10 minutes after the deadline), and
+            its pending member carries ``"payload":null`` and that key's name in
+            ``internal.payload_ref``, so the queue stays small. The consumer must read
+            payload references (llm-d-async's newest dispatcher does). Off by default:
+            the payload travels in the member.
+        wait_replicas, wait_timeout_ms: see :attr:`wait`.
     """
 
     def __init__(
@@ -112,16 +135,18 @@ class Producer:
         queue: str,
         *,
         result_list: str = _keys.DEFAULT_RESULT_LIST,
+        payload_refs: bool = False,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
     ) -> None:
         self.store = store
         self.queue = queue
         self.result_list = result_list
+        self.payload_refs = payload_refs
         self.wait = ReplicaWait(wait_replicas, wait_timeout_ms or 1000, store.url)
         """``wait_replicas`` (0: off) and ``wait_timeout_ms`` (milliseconds): with replicas
-        to wait for, :meth:`submit_many` sends ``WAIT`` after its ``ZADD``, on the same
-        connection (docs/topology.md#failover)."""
+        to wait for, :meth:`submit_many` sends ``WAIT`` after the script call that queues
+        its requests, on the same connection (docs/topology.md#failover)."""
         self.cluster = _keys.cluster_layout(store)
         """Whether ``store`` is a Redis Cluster (``store.mode == "cluster"``): then no call
         wraps keys of several slots in one MULTI
@@ -186,119 +211,126 @@ class Producer:
             raise SubmitError("deadline has already expired")
         return rid, deadline
 
-    def _member(self, request: Mapping[str, Any], token: str, now: float) -> tuple[str, int, bytes]:
-        """The exact member bytes of ``request``, checked by the consumer's own parser.
-
-        Returns ``(id, deadline, member)``. Raises :class:`SubmitError` (``index`` unset)."""
+    def _submission(self, request: Mapping[str, Any], token: str, now: float) -> Submission:
+        """``request`` checked and ready to be written: its member bytes (around
+        ``internal.enqueue_seq``), checked by the consumer's own parser, and with
+        :attr:`payload_refs` its payload apart. Raises :class:`SubmitError` (``index``
+        unset)."""
         doc = self.envelope(request, token)
         data = doc.get("data")
         if isinstance(data, Mapping):  # else parse_member names `$.data` below
             self._check(data, now)
-        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+            payload = data.get("payload")
+            if payload is not None and not isinstance(payload, Mapping):
+                raise SubmitError(INVALID_PAYLOAD_MESSAGE)
+        if PAYLOAD_REF_FIELD in doc["internal"]:
+            raise SubmitError(
+                "internal.payload_ref is the producer's to set: give the payload in "
+                "data.payload (docs/protocol.md#payload-references)"
+            )
+        parts = self._parts(doc)
+        parsed = parse_member(parts.with_seq(1))
+        if isinstance(parsed, Invalid):
+            raise SubmitError(parsed.reason.removeprefix("Failed: "))
+        if not self.payload_refs or not isinstance(data, Mapping):
+            return Submission(parsed.id, token, parsed.deadline, parts)
+        ref = _keys.request_payload(parsed.id, token)
+        payload_text = compact_json(data.get("payload"))
+        parts = self._parts(_with_payload_ref(doc, ref))
+        return Submission(parsed.id, token, parsed.deadline, parts, payload_text)
+
+    @staticmethod
+    def _parts(doc: Mapping[str, Any]) -> MemberParts:
         try:
-            member = text.encode()
+            return member_parts(doc)
         except UnicodeEncodeError:
             # json.loads accepts an escaped lone surrogate ("\ud800"); UTF-8 cannot carry it.
             raise SubmitError(
                 "request holds a string with a lone surrogate escape (such as \\ud800), "
                 "which is not valid Unicode"
             ) from None
-        parsed = parse_member(member)
-        if isinstance(parsed, Invalid):
-            raise SubmitError(parsed.reason.removeprefix("Failed: "))
-        return parsed.id, parsed.deadline, member
 
     async def submit_many(self, requests: Iterable[Mapping[str, Any]]) -> list[str]:
-        """Submit requests atomically, all or none, in one MULTI/EXEC (docs/protocol.md#producer).
+        """Submit requests in submission order, atomically, all or none
+        (docs/protocol.md#producer).
 
         Each request is an envelope (it has ``data``) or a bare ``data`` object, with
         ``id`` (non-empty string) and ``deadline`` (JSON integer, Unix seconds, in the
         future by the Redis server clock, at most
-        :data:`~claimkit.protocol.models.MAX_DEADLINE`). Every request is checked before anything is
-        written: its exact member bytes must pass the consumer's parser
-        (:func:`~claimkit.protocol.models.parse_member`), so nothing submitted is later
-        dead-lettered as malformed. Per request the transaction runs ``DEL
-        request-cancel:<id>``, ``SET request-active:<id> <token> PXAT <deadline ms>`` and
-        ``ZADD <q> <deadline> <member>``.
+        :data:`~claimkit.protocol.models.MAX_DEADLINE`), and a ``data.payload`` that is a
+        JSON object or absent or null (:data:`INVALID_PAYLOAD_MESSAGE`). Every request is
+        checked before anything is written: its exact member bytes must pass the consumer's
+        parser (:func:`~claimkit.protocol.models.parse_member`), so nothing submitted is
+        later dead-lettered as malformed. A given ``internal.enqueue_seq`` is replaced; a
+        given ``internal.payload_ref`` is refused.
 
-        On a Redis Cluster those keys live in different slots and no MULTI may span them
+        One script call (``lua/submit-1.lua``) writes them all: per request ``DEL
+        request-cancel:<id>``, ``SET request-active:<id> <token> PXAT <deadline ms>``
+        (with :attr:`payload_refs`, ``SET request-payload:<id>:<token> <payload> PXAT
+        <deadline ms + 10 min>``), ``INCR request-seq:<q>:<deadline>`` (``EXPIREAT`` the
+        deadline + 1 hour) and ``ZADD <q>`` of the member carrying that count as
+        ``internal.enqueue_seq``, at ``deadline + min(seq, 2^21 - 1) / 2^21``
+        (docs/protocol.md#enqueue-order). Requests of one deadline are then served in the
+        order they were submitted.
+
+        On a Redis Cluster those keys live in different slots and no script may span them
         (docs/topology.md#retries-cancellation-and-the-producer): the writes go in three
         round trips in a safe order, every ``DEL request-cancel:<id>``, then every ``SET
-        request-active:<id>``, then one ``ZADD`` of all members (the queue last: a request
-        is never pending without its active marker). A call that fails part-way has then
-        queued nothing, or (at the ``ZADD``, one command) everything; it may leave active
-        markers of requests never queued, which expire at their deadlines.
+        request-active:<id>`` and payload key, then one ``lua/enqueue-2.lua`` call per
+        deadline (counter and queue share the queue's slot), all in one pipeline (the queue
+        last: a request is never pending without its active marker and its payload). A
+        call that fails part-way may leave active markers and payloads of requests never
+        queued, which expire after their deadlines.
 
         Returns:
             The generated ``request_token`` (32 hex characters) of each request, in order.
             An empty input writes nothing and returns ``[]``.
 
         Raises:
-            SubmitError: a request is invalid (its position in ``index``), or the queue key
-                holds another Redis type; nothing was written.
-            StorePermissionError: the Redis user may not run ``MULTI``/``EXEC`` or one of the
-                commands or keys (``written`` is ``False``: nothing was written, so the call
-                can be retried once the ACL is fixed without submitting twice).
+            SubmitError: a request is invalid (its position in ``index``), the queue key
+                holds another Redis type or is named like a per-request key
+                (``request-active:…``), or a ``request-seq`` counter holds something else
+                than a count (a hand edit; ``index``: the first request counting on it);
+                nothing was written (on a cluster, a bad counter leaves the requests of the
+                other deadlines queued).
+            StorePermissionError: the Redis user may not run ``EVALSHA`` or one of the
+                commands or keys.
             StoreUnavailable, StoreError: from the store.
+
+        Cancellation: on a standalone Redis the one script call is written whole or not at
+        all; on a cluster a cancelled call may leave markers of requests it never queued.
         """
+        if _keys.is_reserved(self.queue, frozenset()):
+            raise SubmitError(
+                f"queue name {self.queue!r} is the name of a per-request key "
+                "(docs/protocol.md#keys): choose another"
+            )
         now_reply, kind = await self.store.pipeline(
             [["TIME"], ["TYPE", self.queue]], transaction=False
         )
         now = _server_now(now_reply)
         kind = reply_text(kind)
         if kind not in (_keys.PENDING_TYPE, "none"):
-            # Checked first: MULTI/EXEC does not roll back, so a failing ZADD would leave the
-            # request-active marker of a request that was never queued.
+            # Said here in one line; the script's own check (WRONGTYPE) covers a race.
             raise SubmitError(f"queue key {self.queue!r} holds a {kind}, not a sorted set")
-        written: list[tuple[str, str, int, bytes]] = []
+        batch: list[Submission] = []
         for index, request in enumerate(requests):
             token = secrets.token_hex(16)
             try:
-                rid, deadline, member = self._member(request, token, now)
+                batch.append(self._submission(request, token, now))
             except SubmitError as exc:
                 raise SubmitError(str(exc), index=index) from None
-            written.append((rid, token, deadline, member))
-        if not written:
+        if not batch:
             return []
-        if self.cluster or self.wait.replicas:
-            await self._submit_in_order(written)
-            return [token for _, token, _, _ in written]
-        commands: list[list[Arg]] = []
-        for rid, token, deadline, member in written:
-            commands += [
-                ["DEL", _keys.request_cancel(rid)],
-                ["SET", _keys.request_active(rid), token, "PXAT", deadline * 1000],
-                ["ZADD", self.queue, deadline, member.decode()],
-            ]
-        await self.store.pipeline(commands, transaction=True)
-        return [token for _, token, _, _ in written]
-
-    async def _submit_in_order(self, written: list[tuple[str, str, int, bytes]]) -> None:
-        """The cluster submit, and any submit that waits for replicas: cancel markers
-        deleted, active markers set, then the queue, each step one pipelined round trip,
-        the next sent only once the last answered. Waiting, the ``ZADD`` is followed by
-        ``WAIT`` in its pipeline (one connection); fewer replicas in time is warned about,
-        as for the consumer's scripts (:meth:`ReplicaWait.check`)."""
-        await self.store.pipeline(
-            [["DEL", _keys.request_cancel(rid)] for rid, _, _, _ in written], transaction=False
-        )
-        await self.store.pipeline(
-            [
-                ["SET", _keys.request_active(rid), token, "PXAT", deadline * 1000]
-                for rid, token, deadline, _ in written
-            ],
-            transaction=False,
-        )
-        scored: list[Arg] = []
-        for _, _, deadline, member in written:
-            scored += [deadline, member.decode()]
-        if not self.wait.replicas:
-            await self.store.command("ZADD", self.queue, *scored)
-            return
-        _added, confirmed = await self.store.pipeline(
-            [["ZADD", self.queue, *scored], list(self.wait.command())], transaction=False
-        )
-        self.wait.check("submit", confirmed)
+        try:
+            await write_submissions(self.store, self.queue, batch, wait=self.wait)
+        except CounterRefused as exc:
+            raise SubmitError(
+                f"{exc.problem}: the queue's enqueue-order counter "
+                "(docs/protocol.md#enqueue-order); delete it to submit again",
+                index=exc.index,
+            ) from None
+        return [s.token for s in batch]
 
     async def submit(self, request: Mapping[str, Any]) -> str:
         """Submit one request; see :meth:`submit_many`. Returns its ``request_token``."""
@@ -531,3 +563,19 @@ def _record_or_raw(raw: bytes) -> TerminalRecord | bytes:
         return TerminalRecord.from_json(raw)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return raw
+
+
+def _with_payload_ref(doc: Mapping[str, Any], ref: str) -> dict[str, Any]:
+    """``doc`` with its payload apart: ``data.payload`` null and ``internal.payload_ref`` =
+    ``ref``, placed after ``internal.result_queue_name`` (llm-d-async's order), else last
+    before ``internal.enqueue_seq`` (which :func:`member_parts` puts last)."""
+    internal: dict[str, Any] = {}
+    for name, value in doc["internal"].items():
+        if name != ENQUEUE_SEQ_FIELD:
+            internal[name] = value
+        if name == "result_queue_name":
+            internal[PAYLOAD_REF_FIELD] = ref
+    internal.setdefault(PAYLOAD_REF_FIELD, ref)
+    data = dict(doc["data"])
+    data["payload"] = None
+    return {**doc, "internal": internal, "data": data}

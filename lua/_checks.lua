@@ -8,11 +8,13 @@
 -- list_usable(key, what): fail unless key holds a list or does not exist (a fallback result
 -- list that a LPUSH meets half-way would fail the script after its earlier writes).
 -- claim_score(member, raw): the pending score to put a claimed member back at: its
--- <id>:score field when that is a number, else the member's data.deadline, else 0 (the
--- peek then dead-letters it as malformed). Never nil: a payload is never dropped.
+-- <id>:score field when that is a number, else the member's own queue score (its deadline
+-- and enqueue order, lua/_queue-score.lua), else 0 when its data.deadline cannot be read
+-- (the peek then dead-letters it as malformed). Never nil: a payload is never dropped.
 -- next_delivery(key, id): HINCRBY key id 1 that cannot fail: a field that is not a whole
 -- number (a hand edit) counts as 0.
 -- @include _member
+-- @include _queue-score
 
 local function count_arg(i, lo)
   local n = tonumber(ARGV[i])
@@ -43,9 +45,7 @@ end
 local function claim_score(member, raw)
   local s = tonumber(raw)
   if s and s == s then return string.format('%.17g', s) end
-  local deadline = member_deadline(decode_member(member))
-  if deadline then return string.format('%.17g', deadline) end
-  return '0'
+  return member_queue_score(decode_member(member)) or '0'
 end
 
 local function next_delivery(key, id)

@@ -1,6 +1,6 @@
 --[[
-  Retry mover: move due retry members back to their queue at score = deadline
-  (docs/protocol.md#retry-mover).
+  Retry mover: move due retry members back to their queue at their queue score (deadline
+  and enqueue order, lua/_queue-score.lua; docs/protocol.md#retry-mover).
 
   A member whose JSON cannot be read, that lacks internal.request_queue_name or a numeric
   data.deadline, or whose queue key holds another type, cannot be routed: it goes to the

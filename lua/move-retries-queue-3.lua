@@ -1,6 +1,7 @@
 --[[
   Retry mover of one queue in a Redis Cluster: move due members of the queue's own retry set
-  back to the queue at score = deadline (docs/protocol.md#retry-mover,
+  back to the queue at their queue score (deadline and enqueue order,
+  lua/_queue-score.lua; docs/protocol.md#retry-mover,
   docs/topology.md#retries-cancellation-and-the-producer). All three keys share the queue's
   slot.
 

@@ -22,9 +22,10 @@
   reads one HSCAN page (COUNT scan_count) of <q>:claimed or <q>:claim-owners, as the caller
   asks, and handles at most scan_count orphans; when the page holds more, the cursor is not
   advanced, so the next call reads the same page again (the handled ones are gone by then).
-  A payload whose <id>:score field is missing or not a number goes back at its
-  data.deadline (0 when that cannot be read either: the peek then dead-letters it as
-  malformed); a payload is never dropped. Every read, and every check that could fail, comes
+  A payload whose <id>:score field is missing or not a number goes back at its own queue
+  score (its data.deadline and enqueue order, lua/_queue-score.lua; 0 when the deadline
+  cannot be read either: the peek then dead-letters it as malformed); a payload is never
+  dropped. Every read, and every check that could fail, comes
   before the first write (docs/protocol.md, "Scripts never fail half-way").
 
   Input:

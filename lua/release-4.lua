@@ -14,9 +14,9 @@
       claim renewed since is left alone)
 
   Output: { code_1, ..., code_n } where code is 1 released (the exact claimed bytes are
-    back in pending at the <id>:score field's score; at the member's data.deadline when that
-    field is missing or not a number), 0 gone, -1 owned by another token,
-    -2 renewed since it was read.
+    back in pending at the <id>:score field's score; at the member's own queue score, its
+    data.deadline and enqueue order (lua/_queue-score.lua), when that field is missing or
+    not a number), 0 gone, -1 owned by another token, -2 renewed since it was read.
 ]]
 -- @include _drop-claim
 -- @include _guard-keys
@@ -38,7 +38,7 @@ for i = 1, #ARGV, 3 do
     local member = redis.call('HGET', KEYS[2], id)
     if member then
       -- A missing or broken <id>:score field must not drop the payload nor fail the ZADD
-      -- after earlier releases: claim_score falls back to the member's data.deadline.
+      -- after earlier releases: claim_score falls back to the member's queue score.
       local score = claim_score(member, redis.call('HGET', KEYS[2], id .. ':score'))
       redis.call('ZADD', KEYS[1], score, member)
     end

@@ -2,8 +2,8 @@
   Requeue dead letters: move members from the dead set (<q>:dead, docs/protocol.md#keys,
   docs/protocol.md#reclaim) back to pending (claimkit dead requeue).
 
-  Each member goes back by its exact bytes at score = its data.deadline, and its delivery
-  count is reset. A member whose JSON cannot be read or that has no positive numeric
+  Each member goes back by its exact bytes at its queue score (its data.deadline and
+  enqueue order, lua/_queue-score.lua), and its delivery count is reset. A member whose JSON cannot be read or that has no positive numeric
   data.deadline stays dead. Unless keep_marker is "1", the request's dedup marker
   (result-terminal:<id>) is deleted when it belongs to this member's generation (holds its
   internal.request_token, or "1" when it has none), so the rerun's terminal record is
@@ -28,6 +28,7 @@
 ]]
 -- @include _guard-keys
 -- @include _member
+-- @include _queue-score
 
 guard_keys('zset', 'zset', 'hash')
 
@@ -43,7 +44,7 @@ for i = 3, #ARGV do
     local deadline = member_deadline(doc)
     if deadline and deadline > 0 then
       redis.call('ZREM', KEYS[1], member)
-      redis.call('ZADD', KEYS[2], string.format('%.17g', deadline), member)
+      redis.call('ZADD', KEYS[2], member_queue_score(doc), member)
       local id = member_id(doc)
       if id then
         redis.call('HDEL', KEYS[3], id)

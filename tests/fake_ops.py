@@ -229,9 +229,9 @@ class FakeServer:
         moved = dead = 0
         for _score, member in due:
             del members[member]
-            queue, deadline = _route(member)
-            if queue is not None and deadline is not None:
-                self.queue(queue).pending[member] = float(deadline)
+            queue, score = _route(member)
+            if queue is not None and score is not None:
+                self.queue(queue).pending[member] = score
                 moved += 1
             else:
                 self.retry_dead.setdefault(retry_set, {})[member] = now
@@ -240,7 +240,8 @@ class FakeServer:
 
 
 def _route(member: bytes) -> tuple[str | None, float | None]:
-    """A retry member's ``internal.request_queue_name`` and numeric ``data.deadline``."""
+    """A retry member's ``internal.request_queue_name`` and its queue score: its deadline
+    and enqueue order (``queue_score``) when it parses, else its numeric ``data.deadline``."""
     try:
         doc = json.loads(member)
         queue, deadline = doc["internal"].get("request_queue_name"), doc["data"].get("deadline")
@@ -250,7 +251,10 @@ def _route(member: bytes) -> tuple[str | None, float | None]:
         queue = None
     if isinstance(deadline, bool) or not isinstance(deadline, int | float):
         deadline = None
-    return queue, deadline
+    env = parse_member(member)
+    if deadline is not None and isinstance(env, Envelope):
+        return queue, env.score
+    return queue, None if deadline is None else float(deadline)
 
 
 # -- one queue's operations ------------------------------------------------------------------

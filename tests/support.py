@@ -103,10 +103,12 @@ async def zrange(store: Store, key: str) -> list[tuple[bytes, float]]:
     ]
 
 
-async def snapshot(store: Store, *, skip_prefix: str | None = None) -> dict[str, Any]:
+async def snapshot(
+    store: Store, *, skip_prefix: str | tuple[str, ...] | None = None
+) -> dict[str, Any]:
     """The whole keyspace: zset -> [(member, score)] in order, hash -> {field: value},
     list -> [elements] (LRANGE order: newest first), string -> (value, TTL seconds).
-    Keys starting with ``skip_prefix`` are left out."""
+    Keys starting with ``skip_prefix`` (one prefix or several) are left out."""
     out: dict[str, Any] = {}
     for key in sorted(await store.command("KEYS", "*")):
         name = key.decode()

@@ -275,19 +275,19 @@ def test_a_missing_key_pattern_is_named(acl_redis: AclRedis) -> None:
     ]
 
 
-def test_submit_without_multi_writes_nothing(acl_redis: AclRedis) -> None:
+def test_submit_without_evalsha_writes_nothing(acl_redis: AclRedis) -> None:
     rule = rules_for(config())["producer"]
-    acl_redis.setuser("p", without(rule, "+multi"))
+    acl_redis.setuser("p", without(rule, "+evalsha"))
     before = state(acl_redis.admin)
     ran = submit(acl_redis.user_url("p"), "r1", "r2")
     assert ran.returncode == 1
     assert ran.stdout == ""
     assert mask_noperm(ran.stderr).splitlines() == [
         f"claimkit: Redis at redis://p:***@127.0.0.1:{acl_redis.port}/0 refused a command "
-        "under its ACL: user 'p' may not run MULTI: grant +multi (Redis: NOPERM <server's "
-        "words>); nothing was written; `claimkit acl` "
-        "prints the rule claimkit needs (docs/security.md)"
+        "under its ACL: user 'p' may not run EVALSHA: grant +evalsha (Redis: NOPERM <server's "
+        "words>); `claimkit acl` prints the rule claimkit needs (docs/security.md)"
     ]
+    # The refused script call was the only write: nothing was written.
     assert state(acl_redis.admin) == before == {}
 
 
@@ -307,7 +307,7 @@ def test_drain_without_multi_releases_nothing(acl_redis: AclRedis) -> None:
 
     redis(acl_redis.user_url("claimkit-consumer"), claim)
     before = state(acl_redis.admin)
-    assert set(before) == {
+    assert {k for k in before if not k.startswith(f"request-seq:{Q}:")} == {
         f"{Q}:claimed",
         f"{Q}:claim-owners",
         f"{Q}:claims-idx",
@@ -372,7 +372,9 @@ def test_rule_keys_come_from_the_key_builder() -> None:
     producer = acl_rule(conf, "producer", queues=["other*queue"])
     assert producer.keys == (
         Q,
+        f"request-seq:{Q}:*",
         "other\\*queue",
+        "request-seq:other\\*queue:*",
         "result-list",
         "result-list:result-claimed",
         "result-list:result-claim-owners",
@@ -381,7 +383,10 @@ def test_rule_keys_come_from_the_key_builder() -> None:
         "result-terminal:*",
         "request-active:*",
         "request-cancel:*",
+        "request-payload:*",
     )
+    # submit runs its script (lua/submit-1.lua); no MULTI but cancel's
+    assert {"evalsha", "eval", "incr", "expireat", "zadd", "set", "del"} <= set(producer.commands)
     consumer = acl_rule(conf, "consumer")
     assert "budget:requests" in consumer.keys
     assert {"evalsha", "eval", "hset", "zadd"} <= set(consumer.commands)
@@ -405,9 +410,9 @@ def test_a_refused_multi_writes_nothing_on_either_backend(
                 assert str(caught.value).startswith(
                     "user 'nomulti' may not run MULTI: grant +multi"
                 )
-                # The producer's own checks pass (+time +type), then the transaction is refused.
+                # Cancel reads its keys' types in one transaction: refused, nothing written.
                 with pytest.raises(StorePermissionError, match="nothing was written"):
-                    await producer.submit({"id": "r1", "deadline": int(time.time()) + 600})
+                    await producer.cancel("r1")
 
     acl_redis.setuser("nomulti", "resetkeys -@all +exec +set +get +zadd +del +time +type ~*")
     trio.run(main)

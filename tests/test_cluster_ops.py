@@ -626,7 +626,8 @@ def test_acl_keys_are_the_cluster_names() -> None:
         "request-payload:*",  # payload keys, read and deleted (docs/topology.md#payload-keys)
     )
     producer = acl_rule(cluster_config("q", "results"), "producer")
-    assert producer.keys[:2] == ("q", "results")
+    assert producer.keys[:3] == ("q", "request-seq:\\{q\\}:*", "results")
+    assert producer.keys[-1] == "request-payload:*"
     for rule in (untagged, tagged, producer):
         assert {"cluster|slots", "asking"} <= set(rule.commands)
     assert {"hlen", "hdel", "hscan"} <= set(untagged.commands)  # outbox count and replay
@@ -636,7 +637,8 @@ def test_acl_keys_are_the_cluster_names() -> None:
 
 def test_acl_grants_wait_when_the_config_waits_for_replicas() -> None:
     """``wait_replicas`` > 0: every writing script call is followed by WAIT, in either
-    mode; the producer's durable result reading writes through scripts too."""
+    mode; the producer's submit script and its durable result reading write through
+    scripts too."""
     for mode_fields in ({}, {"mode": "cluster", "addrs": ["127.0.0.1:7001"]}):
         doc = {
             "url": "redis://127.0.0.1:7000/0",

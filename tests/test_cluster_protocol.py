@@ -693,11 +693,18 @@ async def test_submit_writes_cancel_active_then_the_queue_without_multi(store: S
         tokens = await Producer(rec, "q").submit_many(
             [{"id": "a", "deadline": now + 600}, {"id": "b", "deadline": now + 700}]
         )
-        assert rec.commands == ["TIME", "TYPE", "DEL", "DEL", "SET", "SET", "ZADD"]
+        assert rec.commands == ["TIME", "TYPE", "DEL", "DEL", "SET", "SET"]
+        # Then one enqueue call per deadline, on the queue and its counter (one slot).
+        assert rec.runs == [
+            ("enqueue", ["q", f"request-seq:{{q}}:{now + 600}"]),
+            ("enqueue", ["q", f"request-seq:{{q}}:{now + 700}"]),
+        ]
         state = await snapshot(store)
         assert {k: v[0] for k, v in state.items() if k.startswith("request-")} == {
             "request-active:a": tokens[0].encode(),
             "request-active:b": tokens[1].encode(),
+            f"request-seq:{{q}}:{now + 600}": b"1",
+            f"request-seq:{{q}}:{now + 700}": b"1",
         }
         assert [json.loads(m)["data"]["id"] for m, _ in state["q"]] == ["a", "b"]
 

@@ -55,8 +55,9 @@ approx = pytest.approx
 async def snapshot(store: Store, *, with_active: bool = False) -> dict[str, Any]:
     """The whole keyspace (``support.snapshot``). The producer's ``request-active:<id>``
     keys are left out (no exit path touches them) unless asked for, and then only their
-    values are compared (their TTL ticks on)."""
-    out = await support.snapshot(store, skip_prefix="request-active:")
+    values are compared (their TTL ticks on); so are its enqueue-order counters
+    (``request-seq:``)."""
+    out = await support.snapshot(store, skip_prefix=("request-active:", "request-seq:"))
     if with_active:
         for key in await store.command("KEYS", "request-active:*"):
             out[key.decode()] = await store.command("GET", key)
@@ -91,11 +92,26 @@ def ack_item(ops: QueueOps, env: Envelope, token: str, record: TerminalRecord) -
     )
 
 
+class ScoreText:
+    """Equal to a score as Redis writes it (``b"1900000000.0000005"``) when it reads back as
+    ``score``: Redis versions spell a double with 17 digits or with the fewest that give it
+    back."""
+
+    def __init__(self, score: float) -> None:
+        self.score = score
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, bytes) and float(other) == self.score
+
+    def __repr__(self) -> str:
+        return f"ScoreText({self.score!r})"
+
+
 def claim_entries(envs: Sequence[Envelope], tokens: Sequence[str], now: float) -> dict[str, Any]:
-    claimed: dict[bytes, bytes] = {}
+    claimed: dict[bytes, bytes | ScoreText] = {}
     for e in envs:
         claimed[e.id.encode()] = e.raw
-        claimed[f"{e.id}:score".encode()] = str(e.deadline).encode()
+        claimed[f"{e.id}:score".encode()] = ScoreText(e.score)
     return {
         K.claimed: claimed,
         K.owners: {e.id.encode(): t.encode() for e, t in zip(envs, tokens, strict=True)},
@@ -226,7 +242,7 @@ async def test_retryable_failure_is_parked_then_moved_back(store: Store) -> None
 
         await store.command("ZADD", retry_set, "XX", 1, retry)  # its backoff is over
         assert await ops.move_retries() == (1, 0)
-        assert await snapshot(store) == {Q: [(retry, deadline)]}
+        assert await snapshot(store) == {Q: [(retry, env.score)]}
         retried = parse_member(retry)
         assert isinstance(retried, Envelope)
         assert (retried.retry_count, retried.request_token) == (1, env.request_token)
@@ -246,7 +262,7 @@ async def test_cancelled_hand_off_is_released_at_the_original_score(store: Store
         server, _, tokens = await claim(ops, envs)
         assert await ops.release([("h:2", tokens[1], None)]) == [1]
         assert await snapshot(store) == {
-            Q: [(envs[1].raw, now + 200)],
+            Q: [(envs[1].raw, envs[1].score)],
             **claim_entries(envs[:1], tokens[:1], server),
         }
         assert await ops.release([("h:1", tokens[0], None)]) == [1]
@@ -372,7 +388,7 @@ async def test_lease_lapses_by_the_server_clock(store: Store) -> None:
         async with reopen(store) as store_b:
             counts = await QueueOps(store_b, Q).reclaim(max_deliveries=10)
         assert counts.redelivered == 1
-        assert await snapshot(store) == {Q: [(env.raw, env.deadline)], K.deliveries: {b"t": b"1"}}
+        assert await snapshot(store) == {Q: [(env.raw, env.score)], K.deliveries: {b"t": b"1"}}
 
 
 # -- row 6: gate refuses / gate error -> never claimed, bytes unchanged ------------------------
@@ -434,5 +450,5 @@ async def test_a_partly_open_gate_claims_only_what_it_admits(store: Store) -> No
         gate = make_gate(queue_config("local-max-concurrency", limit=3), store)
         assert await poll_once(ops, gate, inflight=1) == [1, 1]  # room for two
         state = await snapshot(store)
-        assert state[Q] == [(envs[2].raw, now + 102)]  # the latest deadline waits, unchanged
+        assert state[Q] == [(envs[2].raw, envs[2].score)]  # the latest deadline waits, unchanged
         assert set(state[K.owners]) == {b"p:0", b"p:1"}

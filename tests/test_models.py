@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from claimkit.store import Arg, Store
+    from claimkit.store.scripts import Script
 
 Q = "requests"
 TOKEN = "0123456789abcdef" * 2
@@ -419,20 +419,25 @@ def test_record_for_generation_and_token_reading() -> None:
 
 
 class RecordingStore(StoreWrapper):
-    """Records MULTI/EXEC pipelines and delegates to a real store."""
+    """Records the script calls and the pipelines that write, and delegates to a real store."""
 
     def __init__(self, inner: Store) -> None:
         super().__init__(inner)
-        self.pipelines: list[tuple[list[list[Arg]], bool]] = []
+        self.runs: list[tuple[str, list[str], list[Arg]]] = []
+        self.writes: list[list[list[Arg]]] = []
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *, transaction: bool) -> list[Any]:
-        # Only writes are recorded: the producer's read-only check (TIME, TYPE) is not one.
-        if transaction:
-            self.pipelines.append(([list(c) for c in commands], transaction))
+        # The producer's read-only check (TIME, TYPE) is not a write.
+        if any(str(c[0]).upper() not in ("TIME", "TYPE") for c in commands):
+            self.writes.append([list(c) for c in commands])
         return await self.inner.pipeline(commands, transaction=transaction)
 
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        self.runs.append((script.name, list(keys), list(args)))
+        return await self.inner.run(script, keys, args)
 
-async def test_submit_many_writes_one_transaction(store: Store) -> None:
+
+async def test_submit_many_writes_one_script_call(store: Store) -> None:
     with trio.fail_after(10):
         rec = RecordingStore(store)
         producer = Producer(rec, Q)
@@ -445,50 +450,74 @@ async def test_submit_many_writes_one_transaction(store: Store) -> None:
                 {"request_kind": "redis", "data": {"id": "b", "deadline": d2}, "zz": [1]},
             ]
         )
-        t1 = await server_now(store)
         assert len(tokens) == 2
         assert tokens[0] != tokens[1]
         assert all(re.fullmatch(r"[0-9a-f]{32}", t) for t in tokens)
 
         m1 = dumps(
             {
-                "internal": {"request_token": tokens[0]},
+                "internal": {"request_token": tokens[0], "enqueue_seq": 1},
                 "request_kind": "plain",
                 "data": {"id": "a", "deadline": d1, "payload": {"prompt": "ü"}},
             }
         )
         m2 = dumps(
             {
-                "internal": {"request_token": tokens[1]},
+                "internal": {"request_token": tokens[1], "enqueue_seq": 1},
                 "request_kind": "redis",
                 "data": {"id": "b", "deadline": d2},
                 "zz": [1],
             }
         )
-        ((commands, transaction),) = rec.pipelines
-        assert transaction is True
-        ttls = [(d - t1) * 1000 for d in (d1, d2)]
-        assert commands == [
-            ["DEL", "request-cancel:a"],
-            ["SET", "request-active:a", tokens[0], "PXAT", d1 * 1000],
-            ["ZADD", Q, d1, m1.decode()],
-            ["DEL", "request-cancel:b"],
-            ["SET", "request-active:b", tokens[1], "PXAT", d2 * 1000],
-            ["ZADD", Q, d2, m2.decode()],
+        # One atomic call, no pipeline of writes: all or none.
+        assert rec.writes == []
+        cut1, cut2 = (m.index(b'"enqueue_seq":') + len(b'"enqueue_seq":') for m in (m1, m2))
+        assert rec.runs == [
+            (
+                "submit",
+                [Q],
+                [
+                    f"request-seq:{Q}:{d1}",
+                    d1 + 3600,
+                    "request-cancel:a",
+                    "request-active:a",
+                    tokens[0],
+                    d1 * 1000,
+                    "",
+                    b"",
+                    "",
+                    m1[:cut1],
+                    m1[cut1 + 1 :],
+                    d1,
+                    f"request-seq:{Q}:{d2}",
+                    d2 + 3600,
+                    "request-cancel:b",
+                    "request-active:b",
+                    tokens[1],
+                    d2 * 1000,
+                    "",
+                    b"",
+                    "",
+                    m2[:cut2],
+                    m2[cut2 + 1 :],
+                    d2,
+                ],
+            )
         ]
 
         assert sorted(await store.command("KEYS", "*")) == [
             b"request-active:a",
             b"request-active:b",
+            f"request-seq:{Q}:{d1}".encode(),
+            f"request-seq:{Q}:{d2}".encode(),
             Q.encode(),
         ]
-        assert await zrange(store, Q) == [(m1, d1), (m2, d2)]
-        for rid, token, ttl in (("a", tokens[0], ttls[0]), ("b", tokens[1], ttls[1])):
+        assert await zrange(store, Q) == [(m1, d1 + 1 / 2**21), (m2, d2 + 1 / 2**21)]
+        for rid, token, d in (("a", tokens[0], d1), ("b", tokens[1], d2)):
             assert await store.command("GET", f"request-active:{rid}") == token.encode()
-            pttl = await store.command("PTTL", f"request-active:{rid}")
-            # Redis counts PTTL from its clock truncated to whole milliseconds,
-            # so it can exceed the microsecond-exact ttl by under 1 ms.
-            assert ttl - 1000 < pttl <= math.ceil(ttl)
+            assert await store.command("PEXPIRETIME", f"request-active:{rid}") == d * 1000
+            assert await store.command("GET", f"request-seq:{Q}:{d}") == b"1"
+            assert await store.command("EXPIRETIME", f"request-seq:{Q}:{d}") == d + 3600
 
 
 async def test_submit_a_whole_envelope_with_internal_fields(store: Store) -> None:
@@ -497,14 +526,21 @@ async def test_submit_a_whole_envelope_with_internal_fields(store: Store) -> Non
         (token,) = await Producer(store, Q).submit_many(
             [
                 {
-                    "internal": {"queue_id": "x"},
+                    # A given enqueue_seq is replaced; enqueued_at_ms is kept (seq wins).
+                    "internal": {"queue_id": "x", "enqueue_seq": 99, "enqueued_at_ms": 5},
                     "request_kind": "plain",
                     "data": {"id": "e", "deadline": d},
                 }
             ]
         )
-        ((raw, _),) = await zrange(store, Q)
-        assert json.loads(raw)["internal"] == {"queue_id": "x", "request_token": token}
+        ((raw, score),) = await zrange(store, Q)
+        assert json.loads(raw)["internal"] == {
+            "queue_id": "x",
+            "enqueued_at_ms": 5,
+            "request_token": token,
+            "enqueue_seq": 1,
+        }
+        assert score == d + 1 / 2**21
         assert await store.command("GET", "request-active:e") == token.encode()
 
 
@@ -545,7 +581,7 @@ async def test_submit_errors_write_nothing(store: Store, bad: dict[str, Any], me
             with pytest.raises(SubmitError) as info:
                 await Producer(rec, Q).submit_many(batch)
             assert str(info.value) == message
-        assert rec.pipelines == []
+        assert (rec.writes, rec.runs) == ([], [])
         assert await store.command("KEYS", "*") == []
 
 
@@ -553,7 +589,7 @@ async def test_submit_of_nothing_writes_nothing(store: Store) -> None:
     with trio.fail_after(10):
         rec = RecordingStore(store)
         assert await Producer(rec, Q).submit_many([]) == []
-        assert rec.pipelines == []
+        assert (rec.writes, rec.runs) == ([], [])
 
 
 async def test_cancel_copies_the_live_token(store: Store) -> None:

@@ -159,6 +159,22 @@ RC_SEED: list[list[Arg]] = [
     ["ZADD", RC.tombstones, 1, "old"],
     ["LPUSH", RC.results, b'{"id":"z"}', b"not json"],
 ]
+
+# The submit scripts (claimkit.protocol.submit): a member cut where internal.enqueue_seq goes
+SEQ = f"request-seq:{Q}:{D}"
+CSEQ = f"request-seq:{{{Q}}}:{D}"
+BEFORE = b'{"internal":{"enqueue_seq":'
+
+
+def after(rid: str) -> bytes:
+    return b'},"request_kind":"plain","data":{"id":"' + rid.encode() + b'","deadline":%d}}' % D
+
+
+SUBMIT_A: list[Arg] = [SEQ, D + 3600, "request-cancel:a", "request-active:a", "ga", D * 1000]
+SUBMIT_A += ["", "", "", BEFORE, after("a"), D]
+SUBMIT_B: list[Arg] = [SEQ, D + 3600, "request-cancel:b", "request-active:b", "gb", D * 1000]
+SUBMIT_B += ["request-payload:b:gb", "{}", D * 1000 + 600000, BEFORE, after("b"), D]
+SUBMIT_MARKERS = ("request-cancel:b", "request-active:b", "request-payload:b:gb")
 WHOLE: tuple[Arg, ...] = ("x", "nan", "", "1.5", "-1")
 
 CASES: dict[str, Case] = {
@@ -442,6 +458,28 @@ CASES: dict[str, Case] = {
         [],
         RC_SEED,
         {RC.results: ("list",), RC.index: ("zset",), RC.tombstones: ("zset",)},
+    ),
+    "submit": Case(
+        "submit",
+        [K.pending],
+        [*SUBMIT_A, *SUBMIT_B],
+        [],
+        {
+            **declared(K.pending),
+            # A counter of another type is refused before any write (the reply names it).
+            SEQ: ("string", "any"),
+            **{marker: ("string", "any") for marker in SUBMIT_MARKERS},
+        },
+        bad_argv={2: WHOLE, 6: WHOLE, 12: WHOLE, 21: WHOLE, 24: WHOLE},
+        markers=SUBMIT_MARKERS,
+    ),
+    "enqueue": Case(
+        "enqueue",
+        [CK.pending, CSEQ],
+        [D + 3600, D, BEFORE, after("a"), BEFORE, after("b")],
+        [],
+        {CK.pending: ("zset",), CSEQ: ("string", "any")},
+        bad_argv={1: WHOLE, 2: WHOLE},
     ),
     "inspect": Case(
         "inspect",

@@ -155,12 +155,24 @@ def test_non_objects_are_one_line_and_write_nothing(
 
 
 BAD_FIELDS = [
-    ({"payload": "str"}, "Expected `object | null`, got `str` - at `$.data.payload`"),
     ({"headers": {"a": 1}}, "Expected `str`, got `int` - at `$.data.headers[...]`"),
     ({"metadata": {"userid": 5}}, "Expected `str`, got `int` - at `$.data.metadata[...]`"),
     ({"endpoint": 3}, "Expected `str | null`, got `int` - at `$.data.endpoint`"),
     ({"created": "now"}, "Expected `int | null`, got `str` - at `$.data.created`"),
 ]
+
+
+@pytest.mark.parametrize("payload", ['"str"', "[1]", "3", "true"])
+@pytest.mark.parametrize("refs", [[], ["--payload-ref"]])
+def test_submit_refuses_a_payload_that_is_not_an_object_in_upstreams_words(
+    redis_url: str, payload: str, refs: list[str]
+) -> None:
+    request = '{"id":"a","deadline":' + str(future()) + ',"payload":' + payload + "}"
+    one_line_error(
+        invoke(["submit", "-q", Q, *refs, request], redis_url),
+        "invalid payload: must be a JSON object or null",
+    )
+    assert keys(redis_url) == []
 
 
 @pytest.mark.parametrize(("extra", "expected"), BAD_FIELDS)

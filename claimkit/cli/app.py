@@ -232,6 +232,14 @@ def submit(
         typer.FileText | None,
         typer.Option("--file", "-f", help="File of JSON lines ('-' = stdin)."),
     ] = None,
+    payload_ref: Annotated[
+        bool,
+        typer.Option(
+            "--payload-ref",
+            help="Store each payload apart, at request-payload:<id>:<token>, and queue a "
+            "member that names it (docs/protocol.md#payload-references).",
+        ),
+    ] = False,
     redis_url: RedisUrl = None,
     transport_config: TransportConfig = None,
     transport_config_file: TransportConfigFile = None,
@@ -241,10 +249,12 @@ def submit(
     Each needs `id` and `deadline` (integer Unix seconds, in the future, at most
     253402300799) and must be a request the consumer would serve: it is checked with the
     consumer's own parser before anything is written. With --file/stdin, one request per
-    line (blank lines are skipped); all are submitted in one transaction, or none when any
-    line is refused, and the refused line is named by its number. Prints one request token
-    per request; an input with no requests prints a note on stderr and exits 0. The
-    request format: docs/protocol.md.
+    line (blank lines are skipped); all are submitted in one atomic call, or none when any
+    line is refused, and the refused line is named by its number. Requests of one deadline
+    are served in the order submitted. With --payload-ref each payload is stored under its
+    own key and the queued member carries "payload":null and the key's name, for consumers
+    that read payload references. Prints one request token per request; an input with no
+    requests prints a note on stderr and exits 0. The request format: docs/protocol.md.
 
     Examples:
 
@@ -252,6 +262,8 @@ def submit(
           '{"id":"r1","deadline":1893456000,"payload":{"prompt":"hi"}}'
 
         claimkit submit -q requests -f requests.jsonl
+
+        claimkit submit -q requests --payload-ref -f requests.jsonl
     """
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if request is not None and file is not None:
@@ -282,6 +294,7 @@ def submit(
             producer = Producer(
                 store,
                 queue,
+                payload_refs=payload_ref,
                 wait_replicas=config.wait_replicas,
                 wait_timeout_ms=config.wait_timeout_ms,
             )

@@ -162,7 +162,7 @@ class Interrupt(enum.Enum):
 
     RAISE = "raise"
     """Not handled here: it propagates to click (``Aborted!``, exit status 1). ``serve``
-    handles SIGINT itself (a drain); ``submit`` writes in one transaction."""
+    handles SIGINT itself (a drain); ``submit`` writes in one atomic script call."""
     STOP = "stop"
     """The normal way to stop (``--watch``, ``--follow``): the command ends quietly, 0."""
     FAIL = "fail"

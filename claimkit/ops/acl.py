@@ -47,9 +47,10 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     # serve: key-type preflight, peek (with GET of the pause key), backlog gauge, the redis
     # gate's budget, payload fetch (MGET of request-payload:* keys), scripts.
     "consumer": tuple("INFO EVALSHA EVAL TYPE ZRANGE ZCARD GET MGET".split()),
-    # submit (TIME, TYPE, then DEL/SET/ZADD in MULTI/EXEC), cancel (TYPE, GET, SET),
-    # results (LRANGE; --pop and --follow: the result scripts).
-    "producer": tuple("INFO EVALSHA EVAL TIME TYPE MULTI EXEC DEL SET ZADD GET LRANGE".split()),
+    # submit (TIME, TYPE, then its script; on a cluster DEL and SET, then the script),
+    # cancel (TYPE, GET in MULTI/EXEC, SET), results (LRANGE; --pop and --follow: the
+    # result scripts).
+    "producer": tuple("INFO EVALSHA EVAL TIME TYPE MULTI EXEC DEL SET GET LRANGE".split()),
     # inspect, drain, reclaim, dead list/requeue/purge, results, cancel, pause (TIME, SET,
     # GET), resume (GETDEL).
     "operator": tuple(
@@ -62,7 +63,7 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
 _RESULT_SCRIPTS = ("result-receive", "result-renew", "result-ack", "result-pop")
 _SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple("claim ack renew release reclaim park move-retries dead-letter".split()),
-    "producer": _RESULT_SCRIPTS,
+    "producer": ("submit", *_RESULT_SCRIPTS),
     "operator": (
         "inspect",
         "release",
@@ -92,7 +93,7 @@ _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
         "claim cancelled renew ack-local ack-outbox push-result outbox-aim park release "
         "reclaim-cluster move-retries-queue dead-letter-outbox".split()
     ),
-    "producer": _RESULT_SCRIPTS,
+    "producer": ("enqueue", *_RESULT_SCRIPTS),
     "operator": (
         *"inspect release reclaim-cluster push-result outbox-aim requeue-dead drop-markers".split(),
         "result-inspect",
@@ -100,8 +101,8 @@ _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
     ),
 }
 # With wait_replicas set, every call of a writing script is followed by WAIT
-# (docs/topology.md#failover): the consumer's, drain's and reclaim's, and the durable
-# result reader's (results --follow, --pop).
+# (docs/topology.md#failover): the consumer's, submit's, drain's and reclaim's, and the
+# durable result reader's (results --follow, --pop).
 _WAITS = ("consumer", "producer", "operator")
 # A command a script calls: named in the call, or in a table of commands (the key guard's
 # ``{ zset = 'ZCARD', ... }``).
@@ -166,10 +167,11 @@ def _reader_keys(role: str, lists: Sequence[str], *, cluster: bool) -> list[str]
 
 def _request_prefixes(role: str) -> list[str]:
     """The per-request key prefixes ``role`` touches besides the dedup markers: the
-    producer's active and cancel markers, and for the consumer the payload keys it reads
-    and deletes (docs/protocol.md#payload-references)."""
+    producer's active and cancel markers, and the payload keys: the consumer reads and
+    deletes them, the producer writes them with ``submit --payload-ref``
+    (docs/protocol.md#payload-references)."""
     prefixes = [_keys.REQUEST_ACTIVE_PREFIX, _keys.REQUEST_CANCEL_PREFIX]
-    if role == "consumer":
+    if role in ("consumer", "producer"):
         prefixes.append(_keys.REQUEST_PAYLOAD_PREFIX)
     return prefixes
 
@@ -184,6 +186,20 @@ def _queue_keys(
     if pending_only:
         return [keys.pending]
     return list(keys.types())
+
+
+def _role_queue_keys(name: str, role: str, *, cluster: bool, retry_set: str) -> list[str]:
+    """The patterns of queue ``name``'s keys ``role`` touches: the producer the pending set
+    and its enqueue-order counters (``request-seq:<q>:*``, one per deadline), the others
+    every per-queue key of the layout."""
+    producer = role == "producer"
+    keys = _queue_keys(name, cluster=cluster, retry_set=retry_set, pending_only=producer)
+    patterns = [_glob(k, braces=cluster) for k in keys]
+    if producer:
+        patterns.append(
+            _glob(_keys.request_seq_prefix(name, cluster=cluster), braces=cluster) + "*"
+        )
+    return patterns
 
 
 def cluster_config(config: Config) -> bool:
@@ -224,10 +240,7 @@ def acl_rule(
 
     keys: list[str] = []
     for name in names:
-        keys += map(
-            glob,
-            _queue_keys(name, cluster=cluster, retry_set=retry, pending_only=role == "producer"),
-        )
+        keys += _role_queue_keys(name, role, cluster=cluster, retry_set=retry)
     if role != "producer" and not cluster:  # a cluster has a retry set per queue (above)
         keys += [glob(retry), glob(_keys.retry_dead(retry))]
     keys += map(glob, lists)

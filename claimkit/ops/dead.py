@@ -9,9 +9,10 @@ its death found again (:meth:`DeadLetter.cause_of_death`).
 Requeue moves only members the consumer would accept (:func:`~claimkit.protocol.models.parse_member`
 returns an :class:`~claimkit.protocol.models.Envelope`); any other is refused with the consumer's
 own reason and stays dead, since putting it back would only dead-letter it again. The
-accepted ones go through ``lua/requeue-dead-3.lua``: back to pending at ``data.deadline``,
-delivery count reset, atomically per batch. Members are found by their ``data.id`` by
-reading the dead set in pages of :data:`~claimkit.protocol.ops.CHUNK` (never a keyspace scan).
+accepted ones go through ``lua/requeue-dead-3.lua``: back to pending at their queue score
+(``data.deadline`` and enqueue order, docs/protocol.md#enqueue-order), delivery count
+reset, atomically per batch. Members are found by their ``data.id`` by reading the dead set
+in pages of :data:`~claimkit.protocol.ops.CHUNK` (never a keyspace scan).
 
 On a Redis Cluster the dead set is ``{q}:dead``, in the queue's slot
 (docs/topology.md#cluster-key-layout); every ``MULTI`` here reads that one key.
@@ -328,9 +329,9 @@ async def requeue_dead(
     keep_marker: bool = False,
     routing: ResultRouting | None = None,
 ) -> RequeueReport:
-    """Move dead letters the consumer would accept back to pending at score
-    ``data.deadline`` and reset their delivery count (``HDEL <q>:deliveries <id>``), by
-    exact bytes.
+    """Move dead letters the consumer would accept back to pending at their queue score
+    (``data.deadline`` and enqueue order, docs/protocol.md#enqueue-order) and reset their
+    delivery count (``HDEL <q>:deliveries <id>``), by exact bytes.
 
     A member is requeued only when :func:`~claimkit.protocol.models.parse_member` accepts it (the
     consumer's own check: JSON, ``request_kind``, ``data.id``, an integer ``data.deadline``

@@ -152,7 +152,9 @@ class QueueSnapshot:
         queue: ``<q>``.
         server_time: the instant the queue's keys were read.
         pending: ``ZCARD <q>``.
-        oldest_pending_deadline: the lowest pending score (the next deadline), or ``None``.
+        oldest_pending_deadline: the deadline of the next request to be served: the lowest
+            pending score's whole seconds (its enqueue-order fraction dropped,
+            docs/protocol.md#enqueue-order), Unix seconds; ``None`` when nothing is pending.
         claimed: the claims held: ``HLEN <q>:claim-owners``, plus payloads in
             ``<q>:claimed`` that have neither an owner nor a lease entry.
         expired: lease entries whose expiry is ``<= server_time``.
@@ -366,7 +368,7 @@ async def snapshot(
         queue=queue,
         server_time=now,
         pending=found.pending,
-        oldest_pending_deadline=found.oldest_pending_score,
+        oldest_pending_deadline=_whole_seconds(found.oldest_pending_score),
         claimed=found.claims,
         expired=found.expired,
         dead=found.dead,
@@ -402,3 +404,10 @@ def _track_held(
     for key in [key for key in first_seen if key not in current]:
         del first_seen[key]
     return out
+
+
+def _whole_seconds(score: float | None) -> float | None:
+    """A pending score's deadline: its whole seconds (an infinite score stays as it is)."""
+    if score is None or not math.isfinite(score):
+        return score
+    return float(math.floor(score))

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 RESULT_TERMINAL_PREFIX = "result-terminal:"
 REQUEST_ACTIVE_PREFIX = "request-active:"
 REQUEST_CANCEL_PREFIX = "request-cancel:"
+REQUEST_SEQ_PREFIX = "request-seq:"
 REQUEST_PAYLOAD_PREFIX = "request-payload:"
 
 DEFAULT_RESULT_LIST = "result-list"
@@ -360,6 +361,22 @@ def request_cancel(request_id: str) -> str:
     return REQUEST_CANCEL_PREFIX + request_id
 
 
+def request_seq(queue: str, deadline: int, *, cluster: bool = False) -> str:
+    """The enqueue-order counter of ``queue``'s requests of one ``deadline`` (Unix seconds;
+    docs/protocol.md#enqueue-order): ``request-seq:<q>:<deadline>``; in the cluster layout
+    ``request-seq:`` + ``slot_key(q)`` + ``:<deadline>`` (``request-seq:{q}:1900000000``),
+    in the queue's slot (docs/topology.md#cluster-key-layout). A STRING holding a count."""
+    return f"{request_seq_prefix(queue, cluster=cluster)}{deadline}"
+
+
+def request_seq_prefix(queue: str, *, cluster: bool = False) -> str:
+    """What every counter of ``queue`` (:func:`request_seq`) starts with:
+    ``request-seq:<q>:``, in the cluster layout ``request-seq:`` + ``slot_key(q)`` + ``:``
+    (``claimkit acl`` grants ``~<prefix>*``)."""
+    base = slot_key(queue) if cluster else queue
+    return f"{REQUEST_SEQ_PREFIX}{base}:"
+
+
 def request_payload(request_id: str, request_token: str) -> str:
     """The key holding the payload of one request generation, when its member names it in
     ``internal.payload_ref`` instead of carrying it: ``request-payload:<id>:<request_token>``
@@ -417,9 +434,9 @@ layout, its durable readers' keys): a name ending in one is never itself a resul
 
 def is_reserved(name: str, reserved: frozenset[str]) -> bool:
     """Whether ``name`` is a key of ``reserved``, a per-request key (``result-terminal:``,
-    ``request-active:``, ``request-cancel:``, ``request-payload:``) or a key kept beside a
-    result list (a name ending ``:result-claimed``, ``:result-ack-tombstones``, ...
-    docs/results.md#keys)."""
+    ``request-active:``, ``request-cancel:``, ``request-seq:``, ``request-payload:``) or a
+    key kept beside a result list (a name ending ``:result-claimed``,
+    ``:result-ack-tombstones``, ... docs/results.md#keys)."""
     return (
         name in reserved
         or name.startswith(
@@ -427,6 +444,7 @@ def is_reserved(name: str, reserved: frozenset[str]) -> bool:
                 RESULT_TERMINAL_PREFIX,
                 REQUEST_ACTIVE_PREFIX,
                 REQUEST_CANCEL_PREFIX,
+                REQUEST_SEQ_PREFIX,
                 REQUEST_PAYLOAD_PREFIX,
             )
         )

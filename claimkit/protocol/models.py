@@ -12,6 +12,7 @@ edits a plain ``dict`` so unknown fields survive.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
@@ -24,6 +25,8 @@ __all__ = [
     "DEADLINE_EXCEEDED_MESSAGE",
     "DEADLINE_INVALID_MESSAGE",
     "DEADLINE_RANGE_MESSAGE",
+    "ENQUEUED_AT_HORIZON_MS",
+    "ENQUEUE_STEPS",
     "LAST_RESPONSE_FIELD",
     "LAST_RESPONSE_MAX_BYTES",
     "MAX_DEADLINE",
@@ -35,9 +38,11 @@ __all__ = [
     "TerminalRecord",
     "deadline_passed",
     "deadline_record",
+    "format_score",
     "go_json",
     "max_deliveries_message",
     "parse_member",
+    "queue_score",
     "retry_member",
     "retry_queue_name",
     "utf8_text",
@@ -98,6 +103,10 @@ class _Internal(msgspec.Struct, omit_defaults=True):
     result_queue_name: str | None = None
     payload_ref: str | None = None
     transport_correlation_id: str | None = None
+    # The enqueue order (queue_score). Read leniently (parse_member): a value that is not a
+    # whole JSON number is ignored, and the member keeps its bare deadline as its score.
+    enqueued_at_ms: Any = None
+    enqueue_seq: Any = None
     labels: StrMap | None = None
     # Read leniently (parse_member): a damaged copy must not make the request invalid.
     claimkit_last_response: Any = None
@@ -145,6 +154,10 @@ class Envelope:
         id: ``data.id``.
         deadline: ``data.deadline``, Unix seconds.
         request_token: ``internal.request_token`` or ``""`` (the request generation).
+        enqueue_seq: ``internal.enqueue_seq`` when it is a whole JSON number, else ``None``
+            (docs/protocol.md#enqueue-order).
+        enqueued_at_ms: ``internal.enqueued_at_ms`` (Unix milliseconds) when it is a whole
+            JSON number, else ``None``: the older producers' enqueue order.
         last_response: the record of the last HTTP response an earlier attempt had, from
             :data:`LAST_RESPONSE_FIELD` (``None`` when there was none, or it is damaged).
         payload_ref: ``internal.payload_ref``: the key that holds the request's payload
@@ -170,6 +183,8 @@ class Envelope:
     last_response: TerminalRecord | None = None
     payload_ref: str | None = None
     body: bytes | None = None
+    enqueue_seq: int | None = None
+    enqueued_at_ms: int | None = None
 
     def body_bytes(self) -> bytes:
         """The HTTP body of this request (docs/dispatch.md#body): :attr:`body`, the fetched
@@ -178,6 +193,12 @@ class Envelope:
         if self.body is not None:
             return self.body
         return msgspec.json.encode(self.payload)
+
+    @property
+    def score(self) -> float:
+        """The member's pending score, from its deadline and enqueue order
+        (:func:`queue_score`; docs/protocol.md#enqueue-order)."""
+        return queue_score(self.deadline, self.enqueue_seq, self.enqueued_at_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +227,61 @@ def deadline_passed(deadline: float, now: float) -> bool:
     docs/protocol.md#producer); the consumer still claims it and acks it with
     :func:`deadline_record` (docs/protocol.md#claim) instead of sending it."""
     return deadline <= now
+
+
+ENQUEUE_STEPS = 1 << 21
+"""The enqueue order's steps per second of deadline: a pending score is ``deadline +
+step / ENQUEUE_STEPS`` with ``0 <= step < ENQUEUE_STEPS`` (docs/protocol.md#enqueue-order)."""
+
+ENQUEUED_AT_HORIZON_MS = (1 << 17) * 1000
+"""How far before its deadline an ``internal.enqueued_at_ms`` still orders a request, in
+milliseconds (2^17 s, about 36 hours; the older producers' rule): steps of 62.5 ms."""
+
+
+def queue_score(deadline: int, enqueue_seq: int | None, enqueued_at_ms: int | None) -> float:
+    """The pending score of a request (docs/protocol.md#enqueue-order): its deadline (Unix
+    seconds), plus a fraction below 1 that orders requests of one deadline by submission.
+
+    - ``enqueue_seq`` >= 1 (what claimkit and the newest llm-d-async producers write: the
+      count of the queue's ``request-seq:<q>:<deadline>`` counter): ``deadline +
+      min(enqueue_seq, 2^21 - 1) / 2^21``. From the 2,097,151st submission of one deadline
+      on, the scores tie.
+    - else ``enqueued_at_ms`` >= 1 (older producers: the submission time, Unix
+      milliseconds): ``deadline + step / 2^21``, ``step = offset * 2^21 //
+      ENQUEUED_AT_HORIZON_MS`` where ``offset`` is how long after ``deadline * 1000 -
+      ENQUEUED_AT_HORIZON_MS`` it was submitted, held to ``[0, ENQUEUED_AT_HORIZON_MS - 1]``.
+    - else (neither, or neither positive) the bare deadline.
+
+    When both are there, ``enqueue_seq`` wins. The arithmetic is IEEE double precision
+    (one exact division, one rounded addition), as Go's ``float64`` and Lua's numbers do it,
+    so ``lua/_queue-score.lua`` gives the same score for the same member (a test keeps the
+    two equal). The fraction is exact up to deadlines below 2^32 (year 2106); beyond, the
+    sum rounds to the double nearest it, so neighbouring steps may tie and, from 2^32 on,
+    the capped step rounds up to ``deadline + 1``: Go's ``float64`` rounds the same way.
+
+    Args:
+        deadline: ``data.deadline``, Unix seconds.
+        enqueue_seq: ``internal.enqueue_seq``, or ``None``.
+        enqueued_at_ms: ``internal.enqueued_at_ms`` (Unix milliseconds), or ``None``.
+
+    Returns:
+        The score, a float; :func:`format_score` writes it as Redis is sent it.
+    """
+    if enqueue_seq is not None and enqueue_seq >= 1:
+        return deadline + min(enqueue_seq, ENQUEUE_STEPS - 1) / ENQUEUE_STEPS
+    if enqueued_at_ms is not None and enqueued_at_ms >= 1:
+        horizon = ENQUEUED_AT_HORIZON_MS
+        offset = min(max(enqueued_at_ms - (deadline * 1000 - horizon), 0), horizon - 1)
+        step = offset * ENQUEUE_STEPS // horizon
+        return deadline + step / ENQUEUE_STEPS
+    return float(deadline)
+
+
+def format_score(score: float) -> str:
+    """``score`` as it is sent in a ``ZADD``: ``%.17g``, 17 significant digits, enough to
+    give Redis the exact double back (Lua's ``tostring`` keeps only 14). The scripts format
+    with the same ``string.format('%.17g', ...)``."""
+    return f"{score:.17g}"
 
 
 DEADLINE_EXCEEDED_MESSAGE = "deadline exceeded"
@@ -317,7 +393,23 @@ def parse_member(raw: bytes) -> Envelope | Invalid:
         result_queue_name=internal.result_queue_name,
         last_response=_last_response(data.id, internal.claimkit_last_response),
         payload_ref=ref,
+        enqueue_seq=_whole_number(internal.enqueue_seq),
+        enqueued_at_ms=_whole_number(internal.enqueued_at_ms),
     )
+
+
+def _whole_number(value: object) -> int | None:
+    """``value`` as an ``int`` when it is a JSON number with no fraction (``3``, ``3.0``,
+    ``3e0``), else ``None`` (a string, a boolean, ``2.5``, an object). The Lua side
+    (``lua/_queue-score.lua``, ``whole_number``) reads the same values as whole: cjson
+    gives it every number as a double, so a spelling cannot change the score."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
 
 
 def payload_ref_problem(request_id: str, request_token: str, ref: str) -> str | None:

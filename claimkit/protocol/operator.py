@@ -62,7 +62,8 @@ class OperatorScripts:
         keep_marker: bool,
         routing: ResultRouting | None = None,
     ) -> list[RequeueCode]:
-        """Move dead members back to pending at ``data.deadline`` by exact bytes, reset
+        """Move dead members back to pending at their queue score (``data.deadline`` and
+        enqueue order, docs/protocol.md#enqueue-order) by exact bytes, reset
         their delivery counts and, unless ``keep_marker``, delete the dedup marker of their
         generation (``lua/requeue-dead-3.lua``), one script call per
         :data:`~claimkit.protocol.store_calls.CHUNK` members. Returns one

@@ -36,7 +36,8 @@ def as_int(value: Any) -> int:
 
 async def move_retries(store: Store, retry_set: str, *, limit: int = CHUNK) -> tuple[int, int]:
     """The retry mover (docs/protocol.md#retry-mover): move every due retry member back to
-    its queue at score = deadline, ``limit`` per script call, until none is due. Returns
+    its queue at its queue score (deadline and enqueue order, docs/protocol.md#enqueue-order),
+    ``limit`` per script call, until none is due. Returns
     ``(moved, dead)``: members that could not be routed go to ``<retry_set>:dead``."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
