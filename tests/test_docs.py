@@ -253,3 +253,14 @@ def test_every_serve_flag_is_documented() -> None:
         field = _first_code(row[1])
         if field:
             assert field in _config._TOP_LEVEL, row
+
+
+def test_no_page_has_two_headings_with_one_anchor() -> None:
+    """Two headings of one page with the same text get ``x`` and ``x-1``: every link to
+    ``#x`` then lands on the first, whichever one it meant."""
+    problems = []
+    for path in [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]:
+        text = _without_fences(path.read_text(encoding="utf-8"))
+        counts = Counter(slug(m.group(2)) for m in _HEADING.finditer(text))
+        problems += [f"{path.name}: #{a} x{n}" for a, n in sorted(counts.items()) if n > 1]
+    assert problems == []
