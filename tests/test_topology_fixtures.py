@@ -170,6 +170,11 @@ def test_the_sentinels_promote_the_replica_with_the_data_written_with_wait() -> 
         (old_role,) = call(old.port, [["ROLE"]], 10)
         assert isinstance(old_role, list)
         assert old_role[:3] == [b"slave", HOST.encode(), replica.port]
+        for sentinel in group.sentinels:  # one failover, not a second one back to old
+            (master,) = call(sentinel.port, [["SENTINEL", "MASTER", "claimkit"]], 10)
+            assert isinstance(master, list)
+            fields = dict(zip(master[::2], master[1::2], strict=True))
+            assert (fields[b"port"], fields[b"config-epoch"]) == (str(replica.port).encode(), b"1")
         assert call(replica.port, [["SET", "k", "after"], ["WAIT", "1", "5000"]], 10) == [b"OK", 1]
         assert call(old.port, [["GET", "k"]], 10) == [b"after"]
         sentinels = list(group.sentinels)

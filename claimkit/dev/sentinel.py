@@ -35,6 +35,8 @@ __all__ = ["SentinelGroup", "sentinel_conf"]
 
 _POLL = 0.02  # seconds between two looks at the group's state
 _CALL_TIMEOUT = 10.0  # seconds for one command's connect and reply
+_LOG_LINES = 12  # lines of each log quoted in an error message
+_REPLICAOF_AGAIN = 1.0  # seconds before a server following the wrong primary is told again
 # Diskless sync at once (the default waits 5 s for more replicas).
 _DATA_ARGS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
 
@@ -71,6 +73,26 @@ def _fields(info: Any) -> dict[str, str]:
     if not isinstance(info, bytes):
         return {}
     return dict(line.split(":", 1) for line in info.decode().splitlines() if ":" in line)
+
+
+def _items(reply: Any) -> list[Any]:
+    return reply if isinstance(reply, list) else []
+
+
+def _text(reply: Any) -> str:
+    """A reply as text for messages: a list of bulk strings joined by ``:``."""
+    if isinstance(reply, list):
+        return ":".join(_text(x) for x in reply)
+    return reply.decode(errors="replace") if isinstance(reply, bytes) else repr(reply)
+
+
+def _log_events(server: RedisServer, lines: int = _LOG_LINES) -> list[str]:
+    """The last ``lines`` lines of a server's log, for error messages."""
+    try:
+        text = server.log_path.read_text(errors="replace")
+    except (OSError, RuntimeError) as exc:
+        return [f"(its log could not be read: {exc})"]
+    return text.splitlines()[-lines:]
 
 
 class SentinelGroup:
@@ -276,14 +298,107 @@ class SentinelGroup:
         for future in futures:
             future.result()  # the first failure, once every start has ended
 
-    def _wait(self, deadline: float, missing: Any) -> Any:
+    def _wait(self, deadline: float, missing: Any, detail: Any = None) -> Any:
         while True:
             what = missing()
             if not what:
                 return
             if time.monotonic() >= deadline:
-                raise RedisServerError(f"{self!r} was not ready in time: {what}")
+                more = f"\n{detail()}" if detail is not None else ""
+                raise RedisServerError(f"{self!r} was not ready in time: {what}{more}")
             time.sleep(_POLL)
+
+    def _sentinels_view(self) -> str:
+        """Each sentinel's view of the group (one line each) and the last events in its log,
+        for error messages."""
+        lines = []
+        for sentinel in self.sentinels:
+            where = f"sentinel {sentinel.port}"
+            if not sentinel.running:
+                lines.append(f"{where}: not running")
+                continue
+            try:
+                address, master, replicas, peers = _call(
+                    sentinel.port,
+                    [
+                        ["SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name],
+                        ["SENTINEL", "MASTER", self.master_name],
+                        ["SENTINEL", "REPLICAS", self.master_name],
+                        ["SENTINEL", "SENTINELS", self.master_name],
+                    ],
+                    _CALL_TIMEOUT,
+                )
+            except OSError as exc:
+                lines.append(f"{where}: does not answer: {exc}")
+                continue
+            fields = _pairs(master)
+            known = [
+                f"{r.get('port')} ({r.get('flags')}, link {r.get('master-link-status')},"
+                f" replicating port {r.get('master-port')})"
+                for r in map(_pairs, _items(replicas))
+            ]
+            others = [f"{r.get('port')} ({r.get('flags')})" for r in map(_pairs, _items(peers))]
+            lines.append(
+                f"{where}: names {_text(address)}; primary port {fields.get('port')}"
+                f" ({fields.get('flags')}, config epoch {fields.get('config-epoch')},"
+                f" last ping sent {fields.get('last-ping-sent')} ms ago);"
+                f" replicas {', '.join(known) or 'none'}; other sentinels {', '.join(others)}"
+            )
+            lines += [f"  {line}" for line in _log_events(sentinel)]
+        return "\n".join(lines)
+
+    def _settled_missing(self, *, quiet: bool = True) -> str:
+        """What keeps the sentinels from agreeing on :attr:`primary`; empty when they do.
+
+        Agreeing means, at every running sentinel: it names :attr:`primary`, neither flags
+        it down nor runs a failover of it, and all of them share one config epoch. With
+        ``quiet``, also: its link to the primary is up with the last PING answered, and it
+        no longer counts another sentinel's vote that the primary is down.
+
+        Right after a failover each sentinel still counts the votes it gathered against
+        the old primary (for 5 s), may fail over again at once, and reconnects to the new
+        primary only up to a second later. One reply from the new primary slower than
+        ``down_after_ms`` in that window (a loaded machine) is then enough for a second
+        failover, to whichever server is by then a healthy replica: an old primary that
+        :meth:`rejoin` has just brought back.
+        """
+        want = f"{HOST}:{self.primary.port}"
+        epochs: dict[int, str] = {}
+        for sentinel in (s for s in self.sentinels if s.running):
+            where = f"sentinel on port {sentinel.port}"
+            try:
+                master, peers = _call(
+                    sentinel.port,
+                    [
+                        ["SENTINEL", "MASTER", self.master_name],
+                        ["SENTINEL", "SENTINELS", self.master_name],
+                    ],
+                    _CALL_TIMEOUT,
+                )
+            except OSError as exc:
+                return f"{where} does not answer: {exc}"
+            fields = _pairs(master)
+            if f"{fields.get('ip')}:{fields.get('port')}" != want:
+                return f"{where} does not name port {self.primary.port} as the primary"
+            flags = set(fields.get("flags", "").split(","))
+            if flags & {"s_down", "o_down", "failover_in_progress"} or (
+                quiet and flags != {"master"}
+            ):
+                return f"{where} flags the primary {fields.get('flags')!r}"
+            if quiet:
+                if fields.get("last-ping-sent") != "0":
+                    return f"{where} waits for the primary's reply to a PING"
+                voters = [
+                    r.get("port")
+                    for r in map(_pairs, _items(peers))
+                    if "master_down" in r.get("flags", "").split(",")
+                ]
+                if voters:
+                    return f"{where} still counts the primary down by sentinels {voters}"
+            epochs[sentinel.port] = fields.get("config-epoch", "?")
+        if len(set(epochs.values())) > 1:
+            return f"the sentinels' config epochs differ: {epochs}"
+        return ""
 
     def _replication_missing(self) -> str:
         primary = self.primary
@@ -363,11 +478,15 @@ class SentinelGroup:
         return victim
 
     def wait_promoted(self, timeout: float = 30.0) -> str:
-        """Wait until a replica has replaced the primary killed by :meth:`kill_primary`.
+        """Wait until a replica has replaced the primary killed by :meth:`kill_primary` and
+        the sentinels have settled on it.
 
         Replaced means: every running sentinel names the same new address, that server is
         one of ours, running, and says ``role:master``; every other running replica follows
-        it (link up, listed ``online``). :attr:`primary` is then that server.
+        it (link up, listed ``online``). :attr:`primary` is then that server. Settled means:
+        every running sentinel's ``SENTINEL MASTER`` names it, none flags it down or still
+        runs the failover, and they share one config epoch. (The sentinels quiet down only
+        about 5 s later; :meth:`rejoin` waits for that.)
 
         Args:
             timeout: seconds allowed.
@@ -378,34 +497,44 @@ class SentinelGroup:
         Raises:
             RuntimeError: no primary was killed since the last promotion.
             RedisServerError: not replaced within ``timeout`` (the message says what was
-                still missing).
+                still missing, and what each sentinel says).
         """
         killed = self._killed
         if killed is None:
             raise RuntimeError("kill_primary() first: no primary was killed")
         old = f"{HOST}:{killed.port}"
-        by_address = {f"{HOST}:{s.port}": s for s in self.servers}
 
         def missing() -> str:
-            named = {self._address_from(s) for s in self.sentinels if s.running}
-            if len(named) != 1 or None in named:
-                return f"the sentinels name {sorted(map(str, named))}"
-            (address,) = named
-            server = by_address.get(str(address))
-            if address == old or server is None or not server.running:
-                return f"the sentinels still name {address}"
+            server, why = self._named_primary()
+            if server is None:
+                return why
+            if f"{HOST}:{server.port}" == old:
+                return f"the sentinels still name {old}"
             try:
                 (info,) = _call(server.port, [["INFO", "replication"]], _CALL_TIMEOUT)
             except OSError as exc:
-                return f"{address} does not answer: {exc}"
+                return f"{HOST}:{server.port} does not answer: {exc}"
             if _fields(info).get("role") != "master":
-                return f"{address} is not a primary yet"
+                return f"{HOST}:{server.port} is not a primary yet"
             self._primary = server
-            return self._replication_missing()
+            return self._replication_missing() or self._settled_missing(quiet=False)
 
-        self._wait(time.monotonic() + timeout, missing)
+        self._wait(time.monotonic() + timeout, missing, self._sentinels_view)
         self._killed = None
         return f"{HOST}:{self.primary.port}"
+
+    def _named_primary(self) -> tuple[RedisServer | None, str]:
+        """The running data server every running sentinel names as the primary, or
+        ``None`` and why not."""
+        named = {self._address_from(s) for s in self.sentinels if s.running}
+        if len(named) != 1 or None in named:
+            return None, f"the sentinels name {sorted(map(str, named))}"
+        (address,) = named
+        by_address = {f"{HOST}:{s.port}": s for s in self.servers}
+        server = by_address.get(str(address))
+        if server is None or not server.running:
+            return None, f"the sentinels name {address}, which is not running"
+        return server, ""
 
     def rejoin(self, server: RedisServer, timeout: float = 30.0) -> None:
         """Start a killed data server again (same port, directory and AOF) as a replica of
@@ -413,33 +542,70 @@ class SentinelGroup:
         does. ``REPLICAOF`` is sent at once (what its rewritten config would say; left to
         the sentinels, the conversion takes about 20 s).
 
+        It is started only once the sentinels have quieted down on :attr:`primary`: each
+        linked to it, no longer counting the votes against the old primary (about 5 s
+        after a failover). Before that, one slow reply of the new primary can start a
+        second failover, and the rejoined server would be the replica it promotes. While
+        it rejoins, :attr:`primary` follows the server the sentinels name, and the server
+        is told ``REPLICAOF`` again when it replicates another one.
+
         Ready means: it is a replica of the current primary, in sync (as :meth:`start`),
         and every sentinel lists it as a replica that is not down.
 
         Raises:
             ValueError: ``server`` is not one of this group's data servers, or is running.
-            RedisServerError: it did not start, or did not rejoin within ``timeout``
-                seconds.
+            RedisServerError: the sentinels did not settle, it did not start, the
+                sentinels promoted it, or it did not rejoin within ``timeout`` seconds
+                (the message says its last ``ROLE`` reply and what each sentinel says).
         """
         if server not in self.servers or server.running:
             raise ValueError(f"{server!r} is not a stopped data server of {self!r}")
         deadline = time.monotonic() + timeout
+        self._wait(deadline, self._settled_missing, self._sentinels_view)
         server.start(self._left(deadline))
-        (reply,) = _call(server.port, [["REPLICAOF", HOST, str(self.primary.port)]], _CALL_TIMEOUT)
-        if isinstance(reply, Exception):
-            raise RedisServerError(f"REPLICAOF on port {server.port}: {reply}")
+        told = [0.0]
+
+        def tell() -> None:
+            command = ["REPLICAOF", HOST, str(self.primary.port)]
+            (reply,) = _call(server.port, [command], _CALL_TIMEOUT)
+            if isinstance(reply, Exception):
+                raise RedisServerError(f"REPLICAOF on port {server.port}: {reply}")
+            told[0] = time.monotonic()
+
+        tell()
+        last: list[Any] = [None]
 
         def missing() -> str:
+            named, why = self._named_primary()
+            if named is server:
+                raise RedisServerError(
+                    f"{self!r}: the sentinels failed over again, to port {server.port},"
+                    f" while it rejoined\n{detail()}"
+                )
+            if named is None:
+                return why
+            self._primary = named
             try:
                 (role,) = _call(server.port, [["ROLE"]], _CALL_TIMEOUT)
             except OSError as exc:
                 return f"port {server.port} does not answer: {exc}"
-            want = [b"slave", HOST.encode(), self.primary.port]
+            last[0] = role
+            want = [b"slave", HOST.encode(), named.port]
             if not isinstance(role, list) or role[:3] != want:
-                return f"port {server.port} is not a replica of port {self.primary.port} yet"
+                elsewhere = isinstance(role, list) and role[:1] == [b"slave"]
+                if elsewhere and time.monotonic() - told[0] >= _REPLICAOF_AGAIN:
+                    tell()  # the primary moved since: follow the sentinels
+                return f"port {server.port} is not a replica of port {named.port} yet"
             return self._replication_missing() or self._sentinels_missing(link_known=False)
 
-        self._wait(deadline, missing)
+        def detail() -> str:
+            log = "\n".join(f"  {line}" for line in _log_events(server))
+            return (
+                f"last ROLE of port {server.port}: {last[0]!r}, its log:\n{log}\n"
+                f"{self._sentinels_view()}"
+            )
+
+        self._wait(deadline, missing, detail)
 
     def close(self) -> None:
         """Stop every sentinel, then every data server (SIGTERM by PID, SIGKILL after 10 s),
