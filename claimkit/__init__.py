@@ -63,6 +63,7 @@ from claimkit.protocol.result_delivery import ResultDeliveryError as ResultDeliv
 from claimkit.protocol.result_delivery import ResultOwnershipLost as ResultOwnershipLost
 from claimkit.protocol.result_delivery import ResultPopRefused as ResultPopRefused
 from claimkit.protocol.routing import ResultRouting as ResultRouting
+from claimkit.protocol.stats import QueueStats as QueueStats
 from claimkit.result_reader import ResultReader as ResultReader
 from claimkit.store import Store as Store
 from claimkit.store import StoreError as StoreError
@@ -94,6 +95,7 @@ __all__ = [
     "QueueOps",
     "QueueProtocol",
     "QueueRuntime",
+    "QueueStats",
     "ReclaimCounts",
     "ReleaseCode",
     "RenewCode",

@@ -57,7 +57,7 @@ def queue_key_types(
     queue: str, *, cluster: bool = False, retry_set: str = _keys.DEFAULT_RETRY_SET
 ) -> dict[str, str]:
     """The Redis type of every per-queue key of ``queue`` (docs/protocol.md#keys), by key
-    name: the seven standalone keys, or with ``cluster`` the cluster layout's names, the
+    name: the nine standalone keys, or with ``cluster`` the cluster layout's names, the
     queue's outbox and its own retry sets (``{q}:<retry_set>``) included
     (:meth:`QueueKeys.types <claimkit.protocol.keys.QueueKeys.types>`,
     docs/topology.md#cluster-key-layout)."""
