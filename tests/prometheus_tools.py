@@ -78,6 +78,7 @@ class _Process:
     """One server process on a free port of 127.0.0.1, stopped by PID."""
 
     def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
