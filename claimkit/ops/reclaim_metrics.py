@@ -1,5 +1,5 @@
 """What one ``claimkit reclaim --once`` run did, where Prometheus can see it
-(docs/metrics.md#reclaim-once-metrics, docs/cli.md#claimkit-reclaim---once---json): a
+(docs/metrics.md#reclaim-once-metrics, docs/cli.md): a
 node-exporter textfile (``--textfile``) or a Pushgateway push (``--pushgateway``), the way
 cron jobs report.
 
