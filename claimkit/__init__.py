@@ -18,8 +18,9 @@ re-exported here explicitly, and every other module is internal.
 #   result_reader.py  the durable result reader (leases renewed in the background), shared
 #               by the producer and ops.
 #   config/     the configuration file: model, parsing, gate parameters.
-#   protocol/   key names and types, members and records, result routing, and QueueOps:
-#               with OperatorScripts the only caller of the Lua scripts in lua/.
+#   protocol/   key names and types, members and records, result routing, the queue-wide
+#               figures (stats.py) and QueueOps: with OperatorScripts the only caller of
+#               the Lua scripts in lua/.
 #   store/      one Redis connection behind the Store protocol (coredis or redis-py), URL,
 #               TLS and ACL diagnosis, the script loader.
 #   _errors.py  ConfigError, below everything.

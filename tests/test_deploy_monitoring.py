@@ -101,7 +101,7 @@ def test_every_alert_has_a_case_that_fires_and_one_that_does_not() -> None:
 
 def exported_names() -> set[str]:
     """Every series name claimkit exports: ``serve``'s registry and ``reclaim --once``'s."""
-    registries: list[CollectorRegistry] = [Metrics().registry, reclaim_registry({}, {})]
+    registries: list[CollectorRegistry] = [Metrics().registry, reclaim_registry({}, {}, 0.0)]
     names: set[str] = set()
     suffixes = {
         "counter": ("_total", "_created"),

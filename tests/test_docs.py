@@ -213,7 +213,7 @@ def test_every_reclaim_once_metric_is_documented() -> None:
     queue_wide = {name for _attr, name, _doc in QUEUE_GAUGES}
     registered = {
         family.name.removeprefix(NAMESPACE): family.type
-        for family in reclaim_registry({}, {}).collect()
+        for family in reclaim_registry({}, {}, 0.0).collect()
         if family.name.removeprefix(NAMESPACE) not in queue_wide
     }
     assert registered

@@ -5,6 +5,7 @@ with the reclaim still done; bad options are refused before anything runs."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING
 
@@ -13,9 +14,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_tools import Pushgateway, fetch
 from support import closed_port, config_json, do, invoke, member, one_line_error, server_now_sync
 
+from claimkit.config import load_config
+from claimkit.ops.acl import acl_rule
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
+
+    from conftest import RedisFactory
 
     from claimkit.store import Arg
 
@@ -209,3 +215,34 @@ def test_bad_export_options_are_refused_before_anything_runs(
     before = do(redis_url, ("ZCARD", f"{Q}:claims-idx"))[0]
     one_line_error(invoke(["reclaim", "--once", "--transport-config", transport, *args]), line, 2)
     assert do(redis_url, ("ZCARD", f"{Q}:claims-idx"))[0] == before == 3
+
+
+def test_gauges_that_cannot_be_read_still_export_the_run(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    """A user that may reclaim but not read the gauges (its rule lacks ZCOUNT): the run is
+    done and printed, the file holds the run's counts, then one line and exit status 1."""
+    server = redis_factory()
+    transport, base = scenario(server.url)
+    rule = acl_rule(load_config(inline=transport), "operator").rule()
+    do(server.url, ("ACL", "SETUSER", "cron", "on", ">pw", *rule.split(), "-zcount"))
+    url = server.url.replace("redis://", "redis://cron:pw@")
+    path = tmp_path / "claimkit.prom"
+    args = ["reclaim", "--once", "--textfile", str(path), "--transport-config"]
+    doc = json.loads(transport)
+    del doc["url"]  # the password goes in $REDIS_URL, not on the command line
+    result = invoke([*args, json.dumps(doc)], url)
+    assert result.exit_code == 1
+    assert result.stdout == SUMMARY
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("claimkit: reclaim: cannot read the queue-wide gauges: ")
+    assert "zcount" in lines[0].lower()
+    assert lines[0].endswith(
+        "; the run's counts were exported without them (the reclaim run itself is done)"
+    )
+    found = samples(path.read_text())
+    stamp = found.pop(("async_reclaim_last_run_timestamp_seconds", Q))
+    assert base - 60 < stamp < base + 600  # this machine's clock
+    assert found[("async_reclaim_last_run_redelivered", Q)] == 1.0
+    assert not any(name.startswith("async_queue_") for name, _q in found)

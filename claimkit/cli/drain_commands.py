@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -17,6 +18,7 @@ from claimkit.cli.common import (
     usage_error,
 )
 from claimkit.cli.runner import console, resolve_queue, show, with_store
+from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -28,6 +30,10 @@ if TYPE_CHECKING:
     from claimkit.store import Store
 
 __all__ = ["drain", "reclaim"]
+
+Stats = dict[str, "QueueStats"] | str
+"""What ``reclaim --once`` read after its run for export: the queue-wide figures by queue,
+or why they could not be read."""
 
 
 def drain(
@@ -196,9 +202,14 @@ def reclaim(
     from claimkit.ops.reclaim_metrics import queue_stats_all
     from claimkit.protocol.ops import ReclaimCounts, orphans_message
 
-    async def go(store: Store) -> tuple[dict[str, ReclaimCounts], dict[str, QueueStats], bool]:
+    async def go(store: Store) -> tuple[dict[str, ReclaimCounts], Stats, bool]:
         per_queue = await reclaim_all(store, config)
-        stats = await queue_stats_all(store, config) if export else {}
+        stats: Stats = {}
+        if export:  # a failed read is reported after the summary: the run is done
+            try:
+                stats = await queue_stats_all(store, config)
+            except (StoreUnavailable, StoreError) as exc:
+                stats = str(exc)
         return per_queue, stats, cluster_layout(store)
 
     per_queue, stats, cluster = with_store(config, go)
@@ -239,12 +250,14 @@ def _check_export(textfile: str | None, pushgateway: str | None, push_job: str |
 
 def _export(
     per_queue: Mapping[str, ReclaimCounts],
-    stats: Mapping[str, QueueStats],
+    stats: Stats,
     textfile: str | None,
     pushgateway: str | None,
     push_job: str | None,
 ) -> None:
-    """Write the textfile and push, as asked; a failure is one line and exit status 1."""
+    """Write the textfile and push, as asked; a failure is one line and exit status 1.
+    ``stats`` is why the queue-wide gauges could not be read, when it is text: the run's
+    own counts are exported all the same, then that is the one line."""
     from claimkit.ops.reclaim_metrics import (
         DEFAULT_PUSH_JOB,
         ExportError,
@@ -253,7 +266,9 @@ def _export(
         write_textfile,
     )
 
-    registry = reclaim_registry(per_queue, stats)
+    unread = stats if isinstance(stats, str) else None
+    read = {} if isinstance(stats, str) else stats
+    registry = reclaim_registry(per_queue, read, time.time())
     try:
         if textfile is not None:
             write_textfile(textfile, registry)
@@ -261,3 +276,8 @@ def _export(
             push_metrics(pushgateway, push_job or DEFAULT_PUSH_JOB, registry)
     except ExportError as exc:
         fail(f"reclaim: {exc} (the reclaim run itself is done)")
+    if unread is not None:
+        fail(
+            f"reclaim: cannot read the queue-wide gauges: {unread}; the run's counts were "
+            "exported without them (the reclaim run itself is done)"
+        )

@@ -69,7 +69,8 @@ RECLAIM_GAUGES: tuple[tuple[str, str, str], ...] = (
 gauges."""
 
 LAST_RUN = "async_reclaim_last_run_timestamp_seconds"
-"""The gauge holding when the run finished (Unix seconds, Redis server clock)."""
+"""The gauge holding when the run finished (Unix seconds, Redis server clock; this
+machine's clock when the queue-wide figures could not be read)."""
 
 
 class ExportError(Exception):
@@ -91,11 +92,15 @@ async def queue_stats_all(store: Store, config: Config) -> dict[str, QueueStats]
 def reclaim_registry(
     per_queue: Mapping[str, ReclaimCounts],
     stats: Mapping[str, QueueStats],
+    finished_at: float,
     *,
     namespace: str = "llm_d_async",
 ) -> CollectorRegistry:
     """A registry with what the run did per queue, when it finished and the queue-wide
-    gauges of ``stats`` (read after the run; a queue missing from ``stats`` has neither)."""
+    gauges of ``stats`` (read after the run; a queue missing from ``stats`` has none).
+
+    ``finished_at`` (Unix seconds) is the finish time of a queue without ``stats``; a queue
+    with them finished at their ``server_now`` (the Redis server clock)."""
     registry = CollectorRegistry(auto_describe=True)
     gauges = {
         attr: Gauge(name, doc, ("queue_name",), namespace=namespace, registry=registry)
@@ -113,8 +118,8 @@ def reclaim_registry(
         for attr, gauge in gauges.items():
             gauge.labels(name).set(getattr(counts, attr))
         queue_stats = stats.get(name)
+        last_run.labels(name).set(finished_at if queue_stats is None else queue_stats.server_now)
         if queue_stats is not None:
-            last_run.labels(name).set(queue_stats.server_now)
             queue_gauges.publish(name, queue_stats)
     return registry
 
