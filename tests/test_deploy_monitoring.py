@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import yaml
 from prometheus_tools import binary
 from test_docs import anchors
@@ -57,12 +58,14 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_promtool_check_rules() -> None:
     result = promtool("check", "rules", RULES.name)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout
 
 
+@pytest.mark.slow
 def test_promtool_test_rules() -> None:
     result = promtool("test", "rules", RULE_TESTS.name)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from prometheus_tools import Prometheus, Pushgateway, binary, fetch, poll_until
 from support import do, free_port, member, server_now_sync
+from test_deploy_monitoring import dashboard_exprs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -151,6 +152,13 @@ def test_prometheus_sees_the_redis_state_and_the_cron_reclaim(
             assert scraped(prometheus, "claimkit") == redis_state(redis_url)
             build = prometheus.query("llm_d_async_claimkit_build_info")
             assert [r["metric"]["version"] for r in build] == ["0.1.0"]
+            # Every dashboard query is one this Prometheus accepts, and the queue panels
+            # show the queue.
+            for expr in dashboard_exprs():
+                if not expr.startswith("label_values"):
+                    prometheus.query(expr.replace("$queue", ".*"))
+            pending = prometheus.values(dashboard_exprs()[0].replace("$queue", ".*"))
+            assert pending == {Q: 4.0}
 
             reclaim = subprocess.run(
                 [

@@ -140,6 +140,7 @@ def test_textfile_holds_what_the_run_did(redis_url: str, tmp_path: Path) -> None
     assert found[("async_queue_pending", Q)] == 2.0
 
 
+@pytest.mark.slow
 def test_pushgateway_receives_what_the_run_did(redis_url: str, tmp_path: Path) -> None:
     transport, base = scenario(redis_url)
     with Pushgateway(tmp_path) as gateway:
