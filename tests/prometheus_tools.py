@@ -16,8 +16,10 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -25,7 +27,6 @@ from support import free_port
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
     from types import TracebackType
 
 __all__ = ["Prometheus", "Pushgateway", "binary", "fetch", "poll_until"]
@@ -50,10 +51,26 @@ def binary(name: str) -> str:
 
 
 def fetch(url: str, timeout: float = 5.0) -> bytes:
-    """GET ``url``; its body."""
-    with urllib.request.urlopen(url, timeout=timeout) as answer:
-        body: bytes = answer.read()
-        return body
+    """GET ``url``; its body. A connect that the kernel answers with ``EAGAIN`` (a loaded
+    machine's loopback) is tried again, up to 20 times, 0.1 s apart; any other error is
+    raised (an HTTP error status as :class:`urllib.error.HTTPError`, its connection closed:
+    ``/-/ready`` answers 503 while a server starts)."""
+    for attempt in range(20):
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as answer:
+                body: bytes = answer.read()
+                return body
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise
+        except urllib.error.URLError as exc:
+            if not isinstance(exc.reason, BlockingIOError) or attempt == 19:
+                raise
+        except BlockingIOError:
+            if attempt == 19:
+                raise
+        time.sleep(0.1)
+    raise AssertionError("unreachable")
 
 
 def poll_until(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
@@ -75,36 +92,58 @@ def poll_until(what: str, check: Callable[[], Any], timeout: float = 60.0) -> An
 
 
 class _Process:
-    """One server process on a free port of 127.0.0.1, stopped by PID."""
+    """One server process on a free port of 127.0.0.1, stopped by PID.
+
+    A port free a moment ago may be taken by another process before the server binds it
+    (tests of other sessions run on this machine too): the server then exits, or another
+    server answers on the port. Each start checks that the server answering is this one
+    (:meth:`_ours`: the flags it reports name this folder) and tries another port if not.
+    """
+
+    ATTEMPTS = 5
 
     def __init__(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None
         self._log = folder / "server.log"
+        self._pick_port()
+
+    def _pick_port(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def _argv(self) -> list[str]:
         raise NotImplementedError
 
-    def __enter__(self) -> _Process:
-        with self._log.open("wb") as log:
-            self._proc = subprocess.Popen(
-                self._argv(), cwd=self.folder, stdout=log, stderr=subprocess.STDOUT
-            )
-        poll_until(f"{self._argv()[0]} to be ready", self._ready, timeout=60)
-        return self
+    def _ours(self) -> bool:
+        """Whether the server answering on :attr:`port` is the one started here."""
+        raise NotImplementedError
 
-    def _ready(self) -> bool:
+    def __enter__(self) -> _Process:
+        name = Path(self._argv()[0]).name
+        for _attempt in range(self.ATTEMPTS):
+            with self._log.open("wb") as log:
+                self._proc = subprocess.Popen(
+                    self._argv(), cwd=self.folder, stdout=log, stderr=subprocess.STDOUT
+                )
+            if poll_until(f"{name} to start", self._started, timeout=60) == "ready":
+                return self
+            self._stop()
+            self._pick_port()
+        raise AssertionError(f"{name} found no free port in {self.ATTEMPTS} attempts")
+
+    def _started(self) -> str:
+        """``"ready"`` once this server answers, ``"lost"`` when it exited or another
+        answers on its port; an error while nothing answers yet (:func:`poll_until`
+        tries again)."""
         assert self._proc is not None
         if self._proc.poll() is not None:
-            raise AssertionError(f"{self._argv()[0]} exited: {self._log.read_text()}")
-        return fetch(self.url + "/-/ready") is not None
+            return "lost"
+        fetch(self.url + "/-/ready")
+        return "ready" if self._ours() else "lost"
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def _stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
             try:
@@ -113,12 +152,27 @@ class _Process:
                 self._proc.kill()
                 self._proc.wait()
 
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop()
+
 
 class Pushgateway(_Process):
-    """``prometheus-pushgateway`` on a free port, nothing persisted."""
+    """``prometheus-pushgateway`` on a free port. Debian's build persists pushes to
+    ``/var/lib/prometheus/pushgateway.data`` by default: here they go to a file in the
+    temporary folder, so no push outlives the test or leaks into another."""
 
     def _argv(self) -> list[str]:
-        return [binary("prometheus-pushgateway"), f"--web.listen-address=127.0.0.1:{self.port}"]
+        return [
+            binary("prometheus-pushgateway"),
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            f"--persistence.file={self.folder / 'pushgateway.data'}",
+        ]
+
+    def _ours(self) -> bool:
+        flags = json.loads(fetch(self.url + "/api/v1/status"))["data"]["flags"]
+        return bool(flags["persistence.file"] == str(self.folder / "pushgateway.data"))
 
     def __enter__(self) -> Pushgateway:
         super().__enter__()
@@ -140,6 +194,10 @@ class Prometheus(_Process):
             job["honor_labels"] = True
         config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [job]}
         (folder / "prometheus.yml").write_text(json.dumps(config))
+
+    def _ours(self) -> bool:
+        flags = json.loads(fetch(self.url + "/api/v1/status/flags"))["data"]
+        return bool(flags["config.file"] == str(self.folder / "prometheus.yml"))
 
     def _argv(self) -> list[str]:
         return [

@@ -8,6 +8,7 @@ failed under CI (:mod:`prometheus_tools`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -77,38 +78,50 @@ def scraped(prometheus: Prometheus, job: str | None = None) -> dict[str, int]:
     return out
 
 
-@pytest.fixture
-def serve_process(redis_url: str, tmp_path: Path) -> Iterator[tuple[int, Path]]:
+@contextlib.contextmanager
+def serving(redis_url: str, log: Path) -> Iterator[int]:
     """``claimkit serve`` on a paused queue (it claims nothing) whose reclaimer runs once
-    at start and then not for a day; its metrics port."""
-    binary("prometheus")  # skip (or fail under CI) before anything starts
-    port = free_port()
-    config = {
-        "poll_interval_ms": 100,
-        "claim_reclaim_interval_ms": DAY_MS,
-        "metrics_port": port,
-        "health_port": 0,
-        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
-    }
-    log = tmp_path / "serve.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [CLAIMKIT, "serve", "--transport-config", json.dumps(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            env={**os.environ, "REDIS_URL": redis_url},
-        )
-    try:
-        yield port, log
-    finally:
-        proc.kill()
-        proc.wait(10)
+    at start and then not for a day; its metrics port. A port free a moment ago may be
+    taken before serve binds it: serve then exits with one line, and another port is
+    tried; the port is the one serve's start line names, so the scrape reaches it."""
+    for _attempt in range(5):
+        port = free_port()
+        config = {
+            "poll_interval_ms": 100,
+            "claim_reclaim_interval_ms": DAY_MS,
+            "metrics_port": port,
+            "health_port": 0,
+            "http_host": "127.0.0.1",
+            "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
+        }
+        with log.open("w") as err:
+            proc = subprocess.Popen(
+                [CLAIMKIT, "serve", "--transport-config", json.dumps(config)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, "REDIS_URL": redis_url},
+            )
+        line = f"(metrics {port},"
+
+        def started(proc: subprocess.Popen[bytes] = proc, line: str = line) -> str | bool:
+            return "exited" if proc.poll() is not None else line in log.read_text()
+
+        try:
+            if poll_until("serve to start or exit", started) is True:
+                yield port
+                return
+        finally:
+            proc.kill()
+            proc.wait(10)
+    raise AssertionError(f"serve found no free metrics port: {log.read_text()}")
 
 
 def test_prometheus_sees_the_redis_state_and_the_cron_reclaim(
-    redis_url: str, tmp_path: Path, serve_process: tuple[int, Path]
+    redis_url: str, tmp_path: Path
 ) -> None:
-    port, log = serve_process
+    binary("prometheus")  # skip (or fail under CI) before anything starts
+    binary("prometheus-pushgateway")
+    log = tmp_path / "serve.log"
     now = server_now_sync(redis_url)
     base = int(now)
     pause = json.dumps({"since": now, "reason": "scrape test"})
@@ -122,79 +135,82 @@ def test_prometheus_sees_the_redis_state_and_the_cron_reclaim(
         ("ZADD", f"{Q}:consumers", FAR, "c-1"),
         *claim("sentinel", now - 10),
     )
-    # The reclaimer's run at start redelivers the sentinel; the next run is a day away.
-    poll_until(
-        "serve's first reclaim",
-        lambda: do(redis_url, ("ZSCORE", Q, member("sentinel", FAR)))[0] is not None,
-    )
-    # Two claims of an owner that is gone, whose leases run out in a moment, and a live one.
-    soon = server_now_sync(redis_url) + 1.5
-    do(redis_url, *claim("x", soon), *claim("y", soon), *claim("z", FAR))
-    poll_until("the two leases to run out", lambda: server_now_sync(redis_url) > soon)
-    expected = {
-        "pending": 4,
-        "claimed": 3,
-        "expired": 2,
-        "dead": 2,
-        "retry": 4,
-        "retry_dead": 1,
-        "alive": 1,
-    }
-    assert redis_state(redis_url) == expected
+    with serving(redis_url, log) as port:
+        # The reclaimer's run at start redelivers the sentinel; the next run is a day away.
+        poll_until(
+            "serve's first reclaim",
+            lambda: do(redis_url, ("ZSCORE", Q, member("sentinel", FAR)))[0] is not None,
+        )
+        # Two claims of an owner that is gone, whose leases run out in a moment, and a live one.
+        soon = server_now_sync(redis_url) + 1.5
+        do(redis_url, *claim("x", soon), *claim("y", soon), *claim("z", FAR))
+        poll_until("the two leases to run out", lambda: server_now_sync(redis_url) > soon)
+        expected = {
+            "pending": 4,
+            "claimed": 3,
+            "expired": 2,
+            "dead": 2,
+            "retry": 4,
+            "retry_dead": 1,
+            "alive": 1,
+        }
+        assert redis_state(redis_url) == expected
 
-    with Pushgateway(tmp_path / "push") as gateway:
-        targets = [f"127.0.0.1:{port}", f"127.0.0.1:{gateway.port}"]
-        with Prometheus(tmp_path / "prom", targets, honor_labels=True) as prometheus:
-            poll_until(
-                "Prometheus to hold the queue-wide gauges",
-                lambda: scraped(prometheus, "claimkit") == expected,
-            )
-            assert scraped(prometheus, "claimkit") == redis_state(redis_url)
-            build = prometheus.query("llm_d_async_claimkit_build_info")
-            assert [r["metric"]["version"] for r in build] == ["0.1.0"]
-            # Every dashboard query is one this Prometheus accepts, and the queue panels
-            # show the queue.
-            for expr in dashboard_exprs():
-                if not expr.startswith("label_values"):
-                    prometheus.query(expr.replace("$queue", ".*"))
-            pending = prometheus.values(dashboard_exprs()[0].replace("$queue", ".*"))
-            assert pending == {Q: 4.0}
-
-            reclaim = subprocess.run(
-                [
-                    CLAIMKIT,
-                    "reclaim",
-                    "--once",
-                    "--transport-config",
-                    json.dumps({"queues": [{"queue_name": Q, "igw_base_url": "http://h:1"}]}),
-                    "--pushgateway",
-                    gateway.url,
-                ],
-                env={**os.environ, "REDIS_URL": redis_url},
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            assert reclaim.returncode == 0, reclaim.stderr
-            assert reclaim.stdout == (
-                "claimkit reclaim: queues=1 redelivered=2 dead_lettered=0 ghosts=0 "
-                "leases_restored=0\n"
-            )
-            after = {**expected, "pending": 6, "claimed": 1, "expired": 0}
-            assert redis_state(redis_url) == after
-            assert b"claimkit-reclaim" in fetch(gateway.url + "/metrics")
-
-            def cron_seen() -> bool:
-                redelivered = prometheus.values(
-                    'llm_d_async_async_reclaim_last_run_redelivered{job="claimkit-reclaim"}'
+        with Pushgateway(tmp_path / "push") as gateway:
+            targets = [f"127.0.0.1:{port}", f"127.0.0.1:{gateway.port}"]
+            with Prometheus(tmp_path / "prom", targets, honor_labels=True) as prometheus:
+                poll_until(
+                    "Prometheus to hold the queue-wide gauges",
+                    lambda: scraped(prometheus, "claimkit") == expected,
                 )
-                return redelivered == {Q: 2.0} and scraped(prometheus, "claimkit-reclaim") == after
+                assert scraped(prometheus, "claimkit") == redis_state(redis_url)
+                build = prometheus.query("llm_d_async_claimkit_build_info")
+                assert [r["metric"]["version"] for r in build] == ["0.1.0"]
+                # Every dashboard query is one this Prometheus accepts, and the queue panels
+                # show the queue.
+                for expr in dashboard_exprs():
+                    if not expr.startswith("label_values"):
+                        prometheus.query(expr.replace("$queue", ".*"))
+                pending = prometheus.values(dashboard_exprs()[0].replace("$queue", ".*"))
+                assert pending == {Q: 4.0}
 
-            poll_until("the cron run's push to be scraped", cron_seen)
-            # serve's next sample (every 5 s) shows the same.
-            poll_until(
-                "serve's gauges after the reclaim",
-                lambda: scraped(prometheus, "claimkit") == after,
-            )
+                reclaim = subprocess.run(
+                    [
+                        CLAIMKIT,
+                        "reclaim",
+                        "--once",
+                        "--transport-config",
+                        json.dumps({"queues": [{"queue_name": Q, "igw_base_url": "http://h:1"}]}),
+                        "--pushgateway",
+                        gateway.url,
+                    ],
+                    env={**os.environ, "REDIS_URL": redis_url},
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=False,
+                )
+                assert reclaim.returncode == 0, reclaim.stderr
+                assert reclaim.stdout == (
+                    "claimkit reclaim: queues=1 redelivered=2 dead_lettered=0 ghosts=0 "
+                    "leases_restored=0\n"
+                )
+                after = {**expected, "pending": 6, "claimed": 1, "expired": 0}
+                assert redis_state(redis_url) == after
+                assert b"claimkit-reclaim" in fetch(gateway.url + "/metrics")
+
+                def cron_seen() -> bool:
+                    redelivered = prometheus.values(
+                        'llm_d_async_async_reclaim_last_run_redelivered{job="claimkit-reclaim"}'
+                    )
+                    return (
+                        redelivered == {Q: 2.0} and scraped(prometheus, "claimkit-reclaim") == after
+                    )
+
+                poll_until("the cron run's push to be scraped", cron_seen)
+                # serve's next sample (every 5 s) shows the same.
+                poll_until(
+                    "serve's gauges after the reclaim",
+                    lambda: scraped(prometheus, "claimkit") == after,
+                )
     assert "Traceback" not in log.read_text()

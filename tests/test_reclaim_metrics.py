@@ -5,8 +5,10 @@ with the reclaim still done; bad options are refused before anything runs."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import math
+import threading
 from typing import TYPE_CHECKING
 
 import pytest
@@ -247,3 +249,33 @@ def test_gauges_that_cannot_be_read_still_export_the_run(
     assert base - 60 < stamp < base + 600  # this machine's clock
     assert found[("async_reclaim_last_run_redelivered", Q)] == 1.0
     assert not any(name.startswith("async_queue_") for name, _q in found)
+
+
+class _Refuse(http.server.BaseHTTPRequestHandler):
+    def do_PUT(self) -> None:  # the push
+        self.send_response(503, "Gone Fishing")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        del format, args
+
+
+def test_a_push_the_gateway_refuses_names_its_status(redis_url: str) -> None:
+    transport, _ = scenario(redis_url)
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuse) as refusing:
+        thread = threading.Thread(target=refusing.serve_forever, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{refusing.server_address[1]}"
+        try:
+            args = ["reclaim", "--once", "--transport-config", transport]
+            result = invoke([*args, "--pushgateway", url])
+        finally:
+            refusing.shutdown()
+            thread.join(10)
+    assert result.exit_code == 1
+    assert result.stdout == SUMMARY
+    assert result.stderr == (
+        f"claimkit: reclaim: cannot push to --pushgateway {url}: HTTP 503 Gone Fishing"
+        " (the reclaim run itself is done)\n"
+    )

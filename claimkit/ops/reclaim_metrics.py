@@ -15,6 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.error import HTTPError
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest, push_to_gateway
@@ -181,6 +182,8 @@ def push_metrics(url: str, job: str, registry: CollectorRegistry) -> None:
     try:
         push_to_gateway(url, job=job, registry=registry, timeout=PUSH_TIMEOUT_SECONDS)
     except OSError as exc:  # URLError and HTTPError are OSErrors
+        if isinstance(exc, HTTPError):
+            exc.close()  # it holds the refusal's open response
         reason = getattr(exc, "reason", None) or exc.strerror or exc
         code = getattr(exc, "code", None)
         why = f"HTTP {code} {reason}" if code else str(reason)
