@@ -212,7 +212,7 @@ def results(
     Rides out a Redis restart (one line on stderr, backoff, a line when it is back).
     Ctrl-C (or SIGTERM) leaves records not yet acked leased: they come back after the
     lease. A running --exec CMD runs in its own process group, which then gets SIGTERM
-    (SIGKILL 5 s later); the command waits for the shell to exit (docs/results.md).
+    (SIGKILL 5 s later), and claimkit waits for that shell to exit (docs/results.md).
 
     Contradictory flags (--follow with --peek or --pop, --peek with --pop, --exec with
     --json, --exec/--lease/--poll without --follow) are a usage error (exit status 2).
