@@ -145,16 +145,16 @@ def test_upstreams_member_names_its_payload_key() -> None:
             "q:claimed",
             TOKEN,
             "Failed: invalid request: internal.payload_ref must be "
-            "'request-payload:p1:0123456789abcdef0123456789abcdef' (the key of this "
-            "request's id and request_token), got 'q:claimed'",
+            "request-payload:p1:0123456789abcdef0123456789abcdef (the key of this "
+            "request's id and request_token), got q:claimed",
         ),
         (
             "request-payload:p2:0123456789abcdef0123456789abcdef",  # another request's
             TOKEN,
             "Failed: invalid request: internal.payload_ref must be "
-            "'request-payload:p1:0123456789abcdef0123456789abcdef' (the key of this "
+            "request-payload:p1:0123456789abcdef0123456789abcdef (the key of this "
             "request's id and request_token), got "
-            "'request-payload:p2:0123456789abcdef0123456789abcdef'",
+            "request-payload:p2:0123456789abcdef0123456789abcdef",
         ),
         (
             "request-payload:p1:",
