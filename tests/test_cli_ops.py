@@ -231,7 +231,7 @@ async def test_watch_redraws_and_tracks_held_time(store: Store) -> None:
         for command in claim_commands(Q, "c1", token=TOKEN_A, expiry=int(sec) + 100, score=1):
             await store.command(*command)
         # A claimkit token carries its claim time: three hours ago, shown exactly.
-        stamped = new_token(int(sec) - 3 * 3600 - 30)
+        stamped = new_token(now=int(sec) - 3 * 3600 - 30)
         for command in claim_commands(Q, "c2", token=stamped, expiry=int(sec) + 200, score=1):
             await store.command(*command)
         out = io.StringIO()
