@@ -311,6 +311,7 @@ def test_snapshot_json_document_shape() -> None:
             {
                 "id": "r1",
                 "owner": TOKEN_A,
+                "consumer": None,
                 "lease_expiry": 110.0,
                 "lease_left_seconds": -5.0,
                 "expired": True,
