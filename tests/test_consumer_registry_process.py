@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -22,6 +21,7 @@ from claimkit.producer import Producer
 from claimkit.store import Store, open_store
 
 if TYPE_CHECKING:
+    import subprocess
     from pathlib import Path
 
 pytestmark = pytest.mark.slow
