@@ -8,16 +8,16 @@ release (with the expiry read, a stale one, or none), reclaim, cancel, the consu
 registry (register, a consumer's heartbeat with its liveness, leaving, a liveness entry
 lapsing and the fast failover; claims are taken under tokens of two consumers and bare
 ones) and jumps of the server clock. The two replies must agree, and after every step the
-whole protocol state in Redis must be the fake's (docs/protocol.md#claim-protocol), every lease expiry and retry due
-time to the millisecond: a divergence of the fake fails here.
+whole protocol state in Redis must be the fake's (docs/protocol.md#claim-protocol), every
+lease expiry and retry due time to the millisecond: a divergence of the fake fails here.
 
 The clock is never slept on. A lease "lapses" by writing a past score into the lease index,
 a parked retry becomes due by writing a past score into the retry set, and a dedup marker
 "expires" by being deleted; each is done to the fake alike. The fake's clock is driven by
 Redis's: each fake call runs at the ``server_now`` the script replied (claim, renew, park,
 register, expire-owners), else at the Redis time read just before. Deadlines are drawn
-against that clock (far ahead, long past, just past, within the lease) and ttls under and over 30 s, so each bound of
-``lua/_lease.lua`` binds: the ``deadline + 30`` cap and the ``now + min(ttl, 30)`` floor.
+against that clock (far ahead, long past, just past, within the lease) and ttls under and
+over 30 s, so each bound of ``lua/_lease.lua`` binds: the ``deadline + 30`` cap and the ``now + min(ttl, 30)`` floor.
 
 Hypothesis runs deterministically (``derandomize``, no example database): CI runs the same
 cases every time. At the end every reply code of claim, renew, release and park, each bound
