@@ -17,7 +17,8 @@ a parked retry becomes due by writing a past score into the retry set, and a ded
 Redis's: each fake call runs at the ``server_now`` the script replied (claim, renew, park,
 register, expire-owners), else at the Redis time read just before. Deadlines are drawn
 against that clock (far ahead, long past, just past, within the lease) and ttls under and
-over 30 s, so each bound of ``lua/_lease.lua`` binds: the ``deadline + 30`` cap and the ``now + min(ttl, 30)`` floor.
+over 30 s, so each bound of ``lua/_lease.lua`` binds: the ``deadline + 30`` cap and the
+``now + min(ttl, 30)`` floor.
 
 Hypothesis runs deterministically (``derandomize``, no example database): CI runs the same
 cases every time. At the end every reply code of claim, renew, release and park, each bound
