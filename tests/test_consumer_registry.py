@@ -353,3 +353,15 @@ async def test_read_registry_names_each_consumers_claims(store: Store) -> None:
     assert dead.expires == pytest.approx(now - 5, abs=1e-3)
     assert (forgotten.claims, forgotten.expires, forgotten.info) == (1, None, {})
     assert not forgotten.alive(view.server_now)
+
+
+def test_the_registry_keys_are_reserved_like_every_per_queue_key() -> None:
+    from claimkit.protocol.keys import QueueKeys, is_reserved, key_slot, reserved_keys
+
+    standalone = reserved_keys(["q"], "rs")
+    assert {"q:consumers", "q:consumer-info"} <= standalone
+    assert is_reserved("q:consumers", standalone)
+    cluster = reserved_keys(["q"], "rs", cluster=True)
+    assert {"{q}:consumers", "{q}:consumer-info"} <= cluster
+    keys = QueueKeys.for_queue("q", cluster=True)
+    assert key_slot(keys.consumers) == key_slot(keys.consumer_info) == key_slot("q")
