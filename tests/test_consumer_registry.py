@@ -22,7 +22,7 @@ from claimkit.protocol.consumers import (
     forget_consumers,
     read_registry,
 )
-from claimkit.protocol.models import parse_member
+from claimkit.protocol.models import Envelope, parse_member
 from claimkit.protocol.ops import ClaimCode, QueueOps, ReleaseCode, RenewCode
 from claimkit.protocol.tokens import (
     consumer_id_problem,
@@ -34,7 +34,6 @@ from claimkit.protocol.tokens import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from claimkit.protocol.models import Envelope
     from claimkit.store import Arg, ScriptCall, Store
     from claimkit.store.scripts import Script
 
@@ -48,8 +47,8 @@ def identity(cid: str, ttl: float = 10.0) -> ConsumerIdentity:
 
 def envelope(rid: str) -> Envelope:
     env = parse_member(member(rid, FAR))
-    assert not hasattr(env, "reason")
-    return env  # type: ignore[return-value]
+    assert isinstance(env, Envelope)
+    return env
 
 
 async def claim_as(

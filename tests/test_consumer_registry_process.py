@@ -89,7 +89,7 @@ async def test_a_sigkilled_consumers_claims_are_handed_on_within_seconds(
                 a.wait(10)
 
                 async def handed_on() -> bool:
-                    return await store.command("ZCARD", Q) == concurrency
+                    return int(await store.command("ZCARD", Q)) == concurrency
 
                 await until("A's claims back in pending", handed_on)
                 got = dict(pairs(await store.command("HGETALL", f"{Q}:deliveries")))
@@ -119,7 +119,7 @@ async def test_a_sigkilled_consumers_claims_are_handed_on_within_seconds(
                 gateway.release()
 
                 async def all_done() -> bool:
-                    return await store.command("LLEN", "result-list") == n
+                    return int(await store.command("LLEN", "result-list")) == n
 
                 await until("every record", all_done)
                 b.send_signal(signal.SIGTERM)
