@@ -622,7 +622,9 @@ async def test_when_the_hand_back_fails_too_the_claim_lapses(
         await trio.sleep_until(60)
         run.consumer.request_stop()
     assert [c.at for c in server.log("release")] == [0.0]
-    assert server.log("renew") == []  # given up: not renewed while it lapsed
+    # Given up: not renewed while it lapsed (the heartbeat renews the consumer's liveness
+    # alone, with no claim).
+    assert [c for c in server.log("renew") if c.ids] == []
     (sent,) = handler.bodies
     assert sent[1:] == ("r0", b'{"id":"r0"}')
     assert 30.0 <= sent[0] <= 41.0  # after the lease (30 s), at a reclaim (every 10 s)

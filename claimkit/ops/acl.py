@@ -62,12 +62,18 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
 # `results --pop` and `--follow` (durable reading, docs/results.md) run the result scripts.
 _RESULT_SCRIPTS = ("result-receive", "result-renew", "result-ack", "result-pop")
 _SCRIPTS: dict[str, tuple[str, ...]] = {
-    "consumer": tuple("claim ack renew release reclaim park move-retries dead-letter".split()),
+    "consumer": tuple(
+        "claim ack renew release reclaim park move-retries dead-letter register "
+        "expire-owners forget-consumers".split()
+    ),
     "producer": ("submit", *_RESULT_SCRIPTS),
     "operator": (
         "inspect",
         "release",
         "reclaim",
+        "expire-owners",
+        "consumers",
+        "forget-consumers",
         "requeue-dead",
         "result-inspect",
         *_RESULT_SCRIPTS,
@@ -91,11 +97,13 @@ _CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
 _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple(
         "claim cancelled renew ack-local ack-outbox push-result outbox-aim park release "
-        "reclaim-cluster move-retries-queue dead-letter-outbox".split()
+        "reclaim-cluster move-retries-queue dead-letter-outbox register expire-owners "
+        "forget-consumers".split()
     ),
     "producer": ("enqueue", *_RESULT_SCRIPTS),
     "operator": (
         *"inspect release reclaim-cluster push-result outbox-aim requeue-dead drop-markers".split(),
+        *"expire-owners consumers forget-consumers".split(),
         "result-inspect",
         *_RESULT_SCRIPTS,
     ),
@@ -180,8 +188,8 @@ def _queue_keys(
     queue: str, *, cluster: bool, retry_set: str, pending_only: bool = False
 ) -> list[str]:
     """The keys of ``queue`` a role touches, in key order: every per-queue key of the
-    layout (standalone: the seven, the pause key included; cluster: also the outbox and the
-    queue's retry sets), or only the pending set."""
+    layout (standalone: the nine, the pause key and the consumer registry included;
+    cluster: also the outbox and the queue's retry sets), or only the pending set."""
     keys = _keys.QueueKeys.for_queue(queue, cluster=cluster, retry_set=retry_set)
     if pending_only:
         return [keys.pending]

@@ -49,6 +49,13 @@ RETRY_SET_TYPE = "zset"
 PAUSED_TYPE = "string"
 """The Redis ``TYPE`` of a queue's pause key ``<q>:paused`` (docs/protocol.md#pause)."""
 
+CONSUMERS_TYPE = "zset"
+"""The Redis ``TYPE`` of a queue's consumer registry ``<q>:consumers``
+(docs/protocol.md#consumers)."""
+
+CONSUMER_INFO_TYPE = "hash"
+"""The Redis ``TYPE`` of a queue's ``<q>:consumer-info`` (docs/protocol.md#consumers)."""
+
 
 def _as_bytes(key: str | bytes) -> bytes:
     return key if isinstance(key, bytes) else key.encode()
@@ -125,6 +132,13 @@ class QueueKeys:
             ``{"since": <Unix seconds, server clock>, "reason": <text or null>}`` plus
             ``"until"`` when it resumes by itself (docs/protocol.md#pause). Consumers claim
             nothing new from the queue while it exists, whatever it holds.
+        consumers: ZSET, the consumer registry (docs/protocol.md#consumers): member a
+            consumer id, score its liveness expiry (Unix seconds, Redis server clock,
+            float), renewed by its heartbeat. A consumer whose claims a reclaimer already
+            handed on keeps its entry with the score negated (``-expiry``) until it is
+            forgotten.
+        consumer_info: HASH consumer id -> JSON ``{"host", "pid", "started" (Unix seconds,
+            server clock), "version"}`` (docs/protocol.md#consumers).
         retry_set: the retry ZSET this queue parks into (docs/protocol.md#park-for-retry):
             standalone, the shared ``retry_queue_name``; cluster, the queue's own
             ``{q}:<retry_queue_name>``.
@@ -142,6 +156,8 @@ class QueueKeys:
     deliveries: str
     dead: str
     paused: str
+    consumers: str
+    consumer_info: str
     retry_set: str = DEFAULT_RETRY_SET
     retry_dead: str = DEFAULT_RETRY_SET + ":dead"
     outbox: str | None = None
@@ -154,6 +170,8 @@ class QueueKeys:
         ("deliveries", "hash", "deliveries hash"),
         ("dead", "zset", "dead set"),
         ("paused", PAUSED_TYPE, "pause key"),
+        ("consumers", CONSUMERS_TYPE, "consumer registry"),
+        ("consumer_info", CONSUMER_INFO_TYPE, "consumer-info hash"),
     )
     """The one table of what each per-queue key holds (docs/protocol.md#keys):
     ``(attribute, Redis TYPE name, what the key is in one-line errors)``, in key order."""
@@ -176,7 +194,7 @@ class QueueKeys:
 
     def types(self) -> dict[str, str]:
         """The Redis ``TYPE`` of each of these keys, by key name (``{"q": "zset", ...}``):
-        the seven of :attr:`TYPES`, and in the cluster layout the queue's outbox and retry
+        the nine of :attr:`TYPES`, and in the cluster layout the queue's outbox and retry
         sets too (the shared standalone retry set is not one queue's key)."""
         return {getattr(self, attr): kind for attr, kind, _what in self._table()}
 
@@ -203,6 +221,8 @@ class QueueKeys:
             deliveries=f"{base}:deliveries",
             dead=f"{base}:dead",
             paused=f"{base}:paused",
+            consumers=f"{base}:consumers",
+            consumer_info=f"{base}:consumer-info",
             retry_set=retry,
             retry_dead=retry_dead(retry),
             outbox=f"{base}:outbox" if cluster else None,
