@@ -460,8 +460,9 @@ class Producer:
             The deliveries, fewer than ``count`` (``[]``: none) when no more wait.
 
         Raises:
-            ValueError: ``count`` or ``lease_ms`` below 1; on a Redis Cluster, a list name
-                whose keys cannot share its slot.
+            ValueError: ``count`` below 1; ``lease_ms`` not a whole number of milliseconds
+                from 1 to 604,800,000 (7 days); on a Redis Cluster, a list name whose keys
+                cannot share its slot (nothing is sent).
             StoreError: one of the list's keys holds another Redis type (nothing written).
             StoreUnavailable: Redis unreachable.
 
@@ -478,7 +479,8 @@ class Producer:
 
         Raises:
             ResultOwnershipLost: the lease expired or another owner holds the record.
-            ValueError: ``lease_ms`` below 1. StoreError, StoreUnavailable: from the store.
+            ValueError: ``lease_ms`` not a whole number of milliseconds from 1 to
+                604,800,000 (7 days). StoreError, StoreUnavailable: from the store.
 
         Cancellation: renews or not; nothing is lost either way.
         """
@@ -536,13 +538,15 @@ class Producer:
         renewed in the background, every ``lease_seconds / 3``, all in one round trip.
 
         Args:
-            lease_seconds: the lease, **seconds** (> 0; default 300).
-            poll_seconds: seconds between receives while the list is empty (default 1).
+            lease_seconds: the lease, **seconds** (0.001 to 604800, 7 days; default 300).
+            poll_seconds: seconds between receives while the list is empty (above 0, at
+                most 3600; default 1).
             batch: records claimed per receive (default 1).
             on_renew_error: called when a renewal tick cannot reach Redis (then retried).
 
         Raises:
-            ValueError: an argument out of range.
+            ValueError: an argument out of range (``inf``, ``nan``, 0, a negative, a lease
+                over 7 days), with a message naming it; nothing is sent.
 
         Cancellation: leaving the block stops the renewals; deliveries not acked stay
         leased and come back after their lease.

@@ -11,13 +11,13 @@ forgotten. Used by :meth:`claimkit.Producer.result_reader` and ``claimkit result
 from __future__ import annotations
 
 import enum
-import math
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import trio
 
 from claimkit.protocol.result_delivery import (
+    MAX_RESULT_LEASE_MS,
     ResultAckCode,
     ResultClaims,
     ResultDelivery,
@@ -33,7 +33,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "DEFAULT_POLL_SECONDS",
+    "MAX_LEASE_SECONDS",
+    "MAX_POLL_SECONDS",
+    "MIN_LEASE_SECONDS",
     "ResultReader",
+    "check_lease_seconds",
+    "check_poll_seconds",
     "lease_ms",
     "open_result_reader",
 ]
@@ -45,15 +50,64 @@ DEFAULT_POLL_SECONDS = 1.0
 """Seconds the reader waits before receiving again from an empty list."""
 
 
-def lease_ms(seconds: float) -> int:
-    """A lease in seconds as the scripts' whole milliseconds (at least 1).
+MIN_LEASE_SECONDS = 0.001
+"""The shortest lease, seconds: one millisecond, the unit the scripts score leases in."""
+
+MAX_LEASE_SECONDS = MAX_RESULT_LEASE_MS / 1000
+"""The longest lease, seconds: 7 days (docs/results.md#lease-and-poll)."""
+
+MAX_POLL_SECONDS = 3600.0
+"""The longest wait between two receives of an empty list, seconds: an hour
+(docs/results.md#lease-and-poll)."""
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def check_lease_seconds(seconds: float, name: str = "lease_seconds") -> float:
+    """``seconds`` when it is a lease the scripts can hold: a number from
+    :data:`MIN_LEASE_SECONDS` to :data:`MAX_LEASE_SECONDS` (7 days).
 
     Raises:
-        ValueError: ``seconds`` is not a finite number above 0.
+        ValueError: anything else (``inf``, ``nan``, 0, a negative, more than 7 days, not a
+            number); the message starts with ``name``.
     """
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"a lease must be a positive number of seconds, got {seconds}")
-    return max(1, round(seconds * 1000))
+    value = _number(seconds)
+    if value is None or not MIN_LEASE_SECONDS <= value <= MAX_LEASE_SECONDS:
+        raise ValueError(
+            f"{name} must be a number of seconds from {MIN_LEASE_SECONDS:g} to "
+            f"{MAX_LEASE_SECONDS:g} (7 days), got {seconds!r}"
+        )
+    return value
+
+
+def check_poll_seconds(seconds: float, name: str = "poll_seconds") -> float:
+    """``seconds`` when it is a poll interval: a number above 0 and at most
+    :data:`MAX_POLL_SECONDS` (an hour).
+
+    Raises:
+        ValueError: anything else (``inf``, ``nan``, 0, a negative, not a number); the
+            message starts with ``name``.
+    """
+    value = _number(seconds)
+    if value is None or not 0 < value <= MAX_POLL_SECONDS:
+        raise ValueError(
+            f"{name} must be a number of seconds above 0 and at most {MAX_POLL_SECONDS:g} "
+            f"(an hour), got {seconds!r}"
+        )
+    return value
+
+
+def lease_ms(seconds: float) -> int:
+    """A lease in seconds as the scripts' whole milliseconds (1 to 604,800,000).
+
+    Raises:
+        ValueError: ``seconds`` is not a lease :func:`check_lease_seconds` accepts.
+    """
+    return max(1, min(MAX_RESULT_LEASE_MS, round(check_lease_seconds(seconds) * 1000)))
 
 
 class _State(enum.Enum):
@@ -127,8 +181,9 @@ class ResultReader:
 
     Args:
         claims: the protocol calls of the list (:class:`ResultClaims`).
-        lease_seconds: the lease of each delivery, seconds (> 0).
-        poll_seconds: seconds to wait before receiving again from an empty list (>= 0).
+        lease_seconds: the lease of each delivery, seconds (0.001 to 604800, 7 days).
+        poll_seconds: seconds to wait before receiving again from an empty list (above 0,
+            at most 3600).
         batch: records claimed per receive call (>= 1); those not yet handed out are held
             and renewed too.
         on_renew_error: called with the exception when a renewal tick could not reach Redis
@@ -151,13 +206,12 @@ class ResultReader:
         batch: int = 1,
         on_renew_error: Callable[[BaseException], None] | None = None,
     ) -> None:
-        if not math.isfinite(poll_seconds) or poll_seconds < 0:
-            raise ValueError(f"poll_seconds must be a number >= 0, got {poll_seconds}")
+        poll_seconds = check_poll_seconds(poll_seconds)
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
         self.claims = claims
         self.lease_ms = lease_ms(lease_seconds)
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = float(lease_seconds)
         self.poll_seconds = poll_seconds
         self.batch = batch
         self.on_renew_error = on_renew_error

@@ -1,5 +1,5 @@
 -- Include: the lease rule (docs/protocol.md#claim, docs/protocol.md#heartbeat), the one copy:
--- claim-4.lua (a claim taken), reclaim-6.lua (a lease given back) and renew-2.lua (a
+-- claim-4.lua (a claim taken), reclaim-6.lua (a lease given back) and renew-4.lua (a
 -- heartbeat) all use it. Times are Unix seconds on the server clock.
 --
 -- lease_bound(now, lease_ttl, deadline): how far a lease may reach at `now`:

@@ -13,6 +13,9 @@ then applies its whole effect without another checkpoint), as a script is.
   by side with the real scripts on a real Redis, comparing every reply and the whole state
   after every step, so the fake cannot drift from the scripts unnoticed.
 
+The consumer registry (docs/protocol.md#consumers) is modelled too: ``register``, the
+liveness part of ``renew``, ``forget_self`` and ``expire_owners`` (a whole cycle at once).
+
 What the fake leaves out: key types (no key of another type exists here), the orphan scan
 (every claim here has its lease entry, so ``orphans`` and ``leases_restored`` stay 0) and
 ghosts (no index entry without a payload).
@@ -36,7 +39,7 @@ from claimkit.protocol.models import (
     max_deliveries_message,
     parse_member,
 )
-from claimkit.protocol.ops import CHUNK, ORPHAN_SCAN_COUNT, AckItem
+from claimkit.protocol.ops import CHUNK, ORPHAN_SCAN_COUNT, AckItem, ConsumerIdentity
 from claimkit.protocol.pause import PauseMark, parse_pause
 from claimkit.protocol.replies import ClaimCode, ParkCode, ReclaimCounts, ReleaseCode, RenewCode
 from claimkit.protocol.routing import ResultRouting
@@ -89,6 +92,8 @@ class FakeQueue:
     deliveries: dict[str, int] = field(default_factory=dict)
     dead: dict[bytes, float] = field(default_factory=dict)
     paused: bytes | None = None  # <q>:paused, absent when None (docs/protocol.md#pause)
+    consumers: dict[str, float] = field(default_factory=dict)  # <q>:consumers: id -> score
+    consumer_info: dict[str, dict[str, Any]] = field(default_factory=dict)  # <q>:consumer-info
 
     def claimed_fields(self) -> set[str]:
         """The fields of ``<q>:claimed``: ``<id>`` and ``<id>:score`` per claim."""
@@ -170,6 +175,7 @@ class FakeServer:
                 dedup_ttl=config.result_dedup_ttl_seconds,
                 lease_ttl=config.claim_lease_ttl_seconds,
                 retry_set=config.retry_queue_name,
+                consumer=config.consumer_identity(),
             )
 
         return make
@@ -281,8 +287,10 @@ class FakeQueueOps:
         dedup_ttl: int = 21600,
         lease_ttl: float = 300.0,
         retry_set: str = "retry-sortedset",
+        consumer: ConsumerIdentity | None = None,
     ) -> None:
         self.server = server
+        self.consumer = consumer
         self.retry_set = retry_set
         self.queue = queue
         self.q = server.queue(queue)
@@ -367,9 +375,11 @@ class FakeQueueOps:
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
     ) -> tuple[float, list[RenewCode]]:
-        if not claims:
+        if not claims and self.consumer is None:
             return 0.0, []
         now = await self._enter("renew", [rid for rid, _, _ in claims])
+        if self.consumer is not None:
+            self._mark_alive(self.consumer, now, replace_info=False)
         codes: list[RenewCode] = []
         for rid, token, deadline in claims:
             claim = self.q.claims.get(rid)
@@ -381,6 +391,45 @@ class FakeQueueOps:
                 claim.expiry = max(claim.expiry, lease_bound(now, lease_ttl, deadline))
                 codes.append(RenewCode.RENEWED)
         return now, codes
+
+    # -- the consumer registry (lua/register-2.lua, lua/expire-owners-3.lua, ...) ----------
+
+    def _mark_alive(self, c: ConsumerIdentity, now: float, *, replace_info: bool) -> None:
+        self.q.consumers[c.id] = round(now + c.liveness_ttl, 6)
+        if replace_info or c.id not in self.q.consumer_info:
+            info = {"host": c.host, "pid": c.pid, "started": now, "version": c.version}
+            self.q.consumer_info[c.id] = info
+
+    async def register(self) -> float | None:
+        if self.consumer is None:
+            return None
+        now = await self._enter("register")
+        self._mark_alive(self.consumer, now, replace_info=True)
+        return now
+
+    async def forget_self(self) -> bool:
+        if self.consumer is None:
+            return False
+        await self._enter("forget_self")
+        self.q.consumer_info.pop(self.consumer.id, None)
+        return self.q.consumers.pop(self.consumer.id, None) is not None
+
+    async def expire_owners(self) -> tuple[float, int]:
+        """A whole ``lua/expire-owners-3.lua`` cycle: the leases of lapsed consumers' claims
+        cut to now (never lengthened), those consumers marked (score negated)."""
+        now = await self._enter("expire_owners")
+        lapsed = {cid for cid, score in self.q.consumers.items() if 0 < score < now}
+        if not lapsed:
+            return now, 0
+        cut = 0
+        for claim in self.q.claims.values():
+            owner, sep, _ = claim.token.rpartition("/")
+            if sep and owner in lapsed and claim.expiry > now:
+                claim.expiry = round(now, 6)
+                cut += 1
+        for cid in lapsed:
+            self.q.consumers[cid] = -self.q.consumers[cid]
+        return now, cut
 
     # -- ack, park, release ----------------------------------------------------------------
 

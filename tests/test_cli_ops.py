@@ -142,6 +142,7 @@ def test_inspect_json_matches_the_redis_state_exactly(redis_url: str) -> None:
         return {
             "id": rid,
             "owner": owner,
+            "consumer": None,  # the seeded tokens name no consumer (bare hex, as before ids)
             "lease_expiry": expiries[rid],
             "lease_left_seconds": round(left, 6),
             "expired": left <= 0,
@@ -178,6 +179,21 @@ def test_inspect_json_matches_the_redis_state_exactly(redis_url: str) -> None:
             row("ghost", None, None, 0),
             row("c-live", TOKEN_B, float(base + 20), 0),
         ],
+        "consumers": [
+            {
+                "consumer": None,
+                "state": "unregistered",
+                "alive": False,
+                "expires": None,
+                "expires_in_seconds": None,
+                "claims": 2,
+                "oldest_claim_age_seconds": None,
+                "host": None,
+                "pid": None,
+                "started": None,
+                "version": None,
+            }
+        ],
     }
 
 
@@ -194,7 +210,10 @@ def test_inspect_prints_counts_and_the_claim_table(redis_url: str) -> None:
     assert "oldest pending deadline " in out
     assert "claims (3 of 3, earliest lease expiry first)" in out
     lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
-    assert set(lines) == {"c-old", "ghost", "c-live"}
+    # The consumers table's one row (the seeded tokens name no consumer), then the claims.
+    assert set(lines) == {"unknown", "c-old", "ghost", "c-live"}
+    assert "unregistered" in lines["unknown"]
+    assert lines["c-old"].split("│")[2].strip() == "unknown"  # the claim's consumer
     assert "aaaaaaaa" in lines["c-old"], "owner tokens are shortened"
     assert TOKEN_A not in out, "owner tokens are shortened"
     assert "expired 40." in lines["c-old"]
@@ -231,7 +250,7 @@ async def test_watch_redraws_and_tracks_held_time(store: Store) -> None:
         for command in claim_commands(Q, "c1", token=TOKEN_A, expiry=int(sec) + 100, score=1):
             await store.command(*command)
         # A claimkit token carries its claim time: three hours ago, shown exactly.
-        stamped = new_token(int(sec) - 3 * 3600 - 30)
+        stamped = new_token(now=int(sec) - 3 * 3600 - 30)
         for command in claim_commands(Q, "c2", token=stamped, expiry=int(sec) + 200, score=1):
             await store.command(*command)
         out = io.StringIO()

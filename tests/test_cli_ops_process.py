@@ -194,9 +194,14 @@ def test_drain_release_all_under_live_consumers(redis_url: str, children: Childr
     ids = [f"req-{i:04d}" for i in range(n)]
     submit(redis_url, ids, deadline)
     with held_gateway() as gateway:
-        # A 90 s lease: the first heartbeat (30 s) comes long after the drain.
+        # A 90 s lease and a 90 s liveness TTL: the first heartbeat (30 s) comes long after
+        # the drain.
         transport = serve_config(
-            redis_url, gateway.url, claim_lease_ttl_seconds=90, concurrency=concurrency
+            redis_url,
+            gateway.url,
+            claim_lease_ttl_seconds=90,
+            consumer_liveness_ttl_seconds=90,
+            concurrency=concurrency,
         )
         consumers = [
             children.start(f"serve{i}", "serve", "--transport-config", transport) for i in (1, 2)

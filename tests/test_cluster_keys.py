@@ -170,12 +170,13 @@ def test_queue_keys_cluster_layout() -> None:
         ("{q}:dead", "zset", "dead set"),
         ("{q}:paused", "string", "pause key"),
         ("{q}:consumers", "zset", "consumer registry"),
-        ("{q}:consumer-info", "hash", "consumer info hash"),
+        ("{q}:consumer-info", "hash", "consumer-info hash"),
         ("{q}:outbox", "hash", "outbox hash"),
         ("{q}:retry-sortedset", "zset", "retry set"),
         ("{q}:retry-sortedset:dead", "zset", "retry dead set"),
     ]
     tagged = QueueKeys.for_queue("{t}:q", cluster=True, retry_set="rs")
+    assert (tagged.consumers, tagged.consumer_info) == ("{t}:q:consumers", "{t}:q:consumer-info")
     assert (tagged.claimed, tagged.paused, tagged.outbox, tagged.retry_set, tagged.retry_dead) == (
         "{t}:q:claimed",
         "{t}:q:paused",
@@ -224,7 +225,7 @@ def test_serve_checks_the_cluster_layouts_keys() -> None:
         "{q}:dead": ("zset", "dead set '{q}:dead' of queue 'q'"),
         "{q}:paused": ("string", "pause key '{q}:paused' of queue 'q'"),
         "{q}:consumers": ("zset", "consumer registry '{q}:consumers' of queue 'q'"),
-        "{q}:consumer-info": ("hash", "consumer info hash '{q}:consumer-info' of queue 'q'"),
+        "{q}:consumer-info": ("hash", "consumer-info hash '{q}:consumer-info' of queue 'q'"),
         "{q}:outbox": ("hash", "outbox hash '{q}:outbox' of queue 'q'"),
         "{q}:retry-sortedset": ("zset", "retry set '{q}:retry-sortedset' of queue 'q'"),
         "{q}:retry-sortedset:dead": (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -46,11 +47,40 @@ def test_defaults_follow_the_spec() -> None:
 
 
 def test_heartbeat_interval_is_a_third_of_the_lease_clamped() -> None:
-    assert (
-        load({"queues": [QUEUE], "claim_lease_ttl_seconds": 300}).heartbeat_interval_seconds == 30
-    )
-    assert load({"queues": [QUEUE], "claim_lease_ttl_seconds": 60}).heartbeat_interval_seconds == 20
-    assert load({"queues": [QUEUE], "claim_lease_ttl_seconds": 1}).heartbeat_interval_seconds == 1
+    def interval(lease: float, liveness: float = 0) -> float:
+        doc = {"queues": [QUEUE], "claim_lease_ttl_seconds": lease}
+        return load({**doc, "consumer_liveness_ttl_seconds": liveness}).heartbeat_interval_seconds
+
+    assert (interval(300), interval(60), interval(1)) == (30, 20, 1)
+    # With the consumer registry on, at most a third of the liveness ttl too.
+    assert (interval(300, 10), interval(300, 120), interval(1, 1.5)) == (10 / 3, 30, 0.5)
+    assert load({"queues": [QUEUE]}).heartbeat_interval_seconds == 10 / 3  # the defaults
+
+
+def test_the_liveness_ttl_defaults_to_10_s_and_0_turns_the_registry_off() -> None:
+    assert load({"queues": [QUEUE]}).consumer_liveness_ttl_seconds == 10.0
+    off = load({"queues": [QUEUE], "consumer_liveness_ttl_seconds": 0})
+    assert (off.consumer_liveness_ttl_seconds, off.consumer_identity()) == (0.0, None)
+    on = load({"queues": [QUEUE], "consumer_liveness_ttl_seconds": 2.5}, flags={"consumer_id": "c"})
+    identity = on.consumer_identity()
+    assert identity is not None
+    assert (identity.id, identity.liveness_ttl) == ("c", 2.5)
+    with pytest.raises(ConfigError, match="consumer_liveness_ttl_seconds must be non-negative"):
+        load({"queues": [QUEUE], "consumer_liveness_ttl_seconds": -1})
+
+
+def test_the_consumer_id_comes_from_the_flag_the_environment_or_the_host() -> None:
+    doc = json.dumps({"url": "redis://h:6379/0", "queues": [QUEUE]})
+
+    def cid(flag: str | None, env: dict[str, str]) -> str:
+        return load_config(inline=doc, flags={"consumer_id": flag}, environ=env).consumer_id
+
+    assert cid("flag-id", {"CLAIMKIT_CONSUMER_ID": "env", "POD_NAME": "pod"}) == "flag-id"
+    assert cid(None, {"CLAIMKIT_CONSUMER_ID": "env", "POD_NAME": "pod"}) == "env"
+    assert cid(None, {"POD_NAME": "pod-7d9"}) == "pod-7d9"
+    assert cid(None, {}).endswith(f"-{os.getpid()}")
+    with pytest.raises(ConfigError, match=r"^consumer id 'a/b' must be 1 to 127 letters"):
+        cid("a/b", {})
 
 
 def test_json_wins_over_flags_and_flags_fill_the_rest() -> None:

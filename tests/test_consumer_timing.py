@@ -62,6 +62,9 @@ def make_config(**overrides: Any) -> Config:
         "drain_timeout_seconds": 10,
         "metrics_port": 0,
         "health_port": 0,
+        # The lease cadence alone; the consumer registry's timing has tests of its own
+        # (tests/test_consumer_registry.py).
+        "consumer_liveness_ttl_seconds": 0,
         "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
     }
     doc.update(overrides)

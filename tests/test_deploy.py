@@ -296,9 +296,9 @@ def test_the_consumer_id_flag_reads_the_variable_the_manifest_sets() -> None:
     group = typer.main.get_command(app)
     assert isinstance(group, TyperGroup)
     params = {p.name: p for p in group.commands["serve"].params}
-    if "consumer_id" not in params:
-        pytest.skip("serve has no --consumer-id yet (issue 12, item 1)")
     assert getattr(params["consumer_id"], "envvar", None) == "CLAIMKIT_CONSUMER_ID"
+    # The manifest passes no --consumer-id of its own: the variable is the one source.
+    assert not any(str(a).startswith("--consumer-id") for a in container("deployment.yaml")["args"])
 
 
 @pytest.mark.parametrize("name", ["deployment.yaml", "cronjob.yaml"])

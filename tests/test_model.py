@@ -4,18 +4,21 @@ A hypothesis state machine makes every call twice, through :class:`QueueOps` (th
 scripts, exactly as the consumer calls them) and through :class:`FakeQueueOps` (the fake the
 consumer's timing tests run on), with random interleavings of peek, dead-letter, claim
 (fresh and stale candidates), renew (right and wrong tokens), ack, park, the retry mover,
-release (with the expiry read, a stale one, or none), reclaim, cancel and jumps of the
-server clock. The two replies must agree, and after every step the whole protocol state in
-Redis must be the fake's (docs/protocol.md#claim-protocol), every lease expiry and retry due
-time to the millisecond: a divergence of the fake fails here.
+release (with the expiry read, a stale one, or none), reclaim, cancel, the consumer
+registry (register, a consumer's heartbeat with its liveness, leaving, a liveness entry
+lapsing and the fast failover; claims are taken under tokens of two consumers and bare
+ones) and jumps of the server clock. The two replies must agree, and after every step the
+whole protocol state in Redis must be the fake's (docs/protocol.md#claim-protocol), every
+lease expiry and retry due time to the millisecond: a divergence of the fake fails here.
 
 The clock is never slept on. A lease "lapses" by writing a past score into the lease index,
 a parked retry becomes due by writing a past score into the retry set, and a dedup marker
 "expires" by being deleted; each is done to the fake alike. The fake's clock is driven by
-Redis's: each fake call runs at the ``server_now`` the script replied (claim, renew, park),
-else at the Redis time read just before. Deadlines are drawn against that clock (far ahead,
-long past, just past, within the lease) and ttls under and over 30 s, so each bound of
-``lua/_lease.lua`` binds: the ``deadline + 30`` cap and the ``now + min(ttl, 30)`` floor.
+Redis's: each fake call runs at the ``server_now`` the script replied (claim, renew, park,
+register, expire-owners), else at the Redis time read just before. Deadlines are drawn
+against that clock (far ahead, long past, just past, within the lease) and ttls under and
+over 30 s, so each bound of ``lua/_lease.lua`` binds: the ``deadline + 30`` cap and the
+``now + min(ttl, 30)`` floor.
 
 Hypothesis runs deterministically (``derandomize``, no example database): CI runs the same
 cases every time. At the end every reply code of claim, renew, release and park, each bound
@@ -51,7 +54,7 @@ from claimkit.protocol.models import (
     parse_member,
     retry_member,
 )
-from claimkit.protocol.ops import AckItem, QueueOps
+from claimkit.protocol.ops import AckItem, ConsumerIdentity, QueueOps
 from claimkit.protocol.replies import ClaimCode, ParkCode, ReleaseCode, RenewCode
 
 if TYPE_CHECKING:
@@ -81,7 +84,7 @@ DEADLINES: list[str | int] = ["far", "past", -10, 5, 20]
 # clock, the fake's the Redis time read just before the call: DEAD_SLACK.
 SLACK, DEAD_SLACK = 0.001, 1.0
 # Replies whose first element is the script's server_now: the fake call runs at that time.
-STAMPED = {"claim", "renew", "park"}
+STAMPED = {"claim", "renew", "park", "expire_owners"}
 # What a run must see at least once, over all its examples (ProtocolMachine.seen): every
 # reply code, a move by each mover, and each bound of lua/_lease.lua (lease_kind) setting a
 # lease at a claim ("grant") and at a renew ("renewal").
@@ -89,6 +92,12 @@ CODES = {"claim": ClaimCode, "renew": RenewCode, "release": ReleaseCode, "park":
 MOVES = {"dead_letter": "moved pushed", "move_retries": "moved", "reclaim": "redelivered dead"}
 MOVES |= {"grant": "ttl cap floor", "renewal": "ttl cap kept", "poll_peek": "paused open"}
 MOVES |= {"ack_payload": "deleted kept"}  # an ack that ended the request, and a late one
+# The consumer registry (docs/protocol.md#consumers): a failover that handed claims on and
+# one that found nothing to do; consumers that registered, renewed and left.
+MOVES |= {"expire_owners": "cut none", "registry": "register renew forget"}
+# Consumers of the registry rules, and who each claim's token names ("": a bare token).
+CONSUMERS = ["ca", "cb"]
+OWNERS = ["ca", "cb", ""]
 REQUIRED: set[tuple[str, Any]] = {(op, c) for op, cs in CODES.items() for c in cs}
 REQUIRED |= {(op, what) for op, whats in MOVES.items() for what in whats.split()}
 
@@ -175,6 +184,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         }
         self.ops = QueueOps(self.store, Q, **kwargs)
         self.fops = self.fake.ops(Q, **kwargs)
+        self.cops = {
+            cid: (
+                QueueOps(self.store, Q, consumer=identity, **kwargs),
+                self.fake.ops(Q, consumer=identity, **kwargs),
+            )
+            for cid in CONSUMERS
+            for identity in [ConsumerIdentity(cid, 5.0, "host", 7, "0.1.0")]
+        }
         self.tickets: list[Ticket] = []
         self.members: list[bytes] = []
         self.serial = 0
@@ -194,10 +211,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         """``QueueOps.<name>(*args)`` on Redis, then ``FakeQueueOps.<name>(*args)`` at the
         same server time: the ``server_now`` the script replied, else the Redis time read
         just before the script ran."""
+        return self.both_on(self.ops, self.fops, name, *args)
+
+    def both_on(self, real_ops: Any, fake_ops: Any, name: str, *args: Any) -> tuple[Any, Any]:
+        """:meth:`both` on another pair (a consumer's ops: ``self.cops``)."""
         before = self.server_time()
-        real = self.call(getattr(self.ops, name), *args)
-        self.now = real[0] if name in STAMPED else before
-        return real, self.call(getattr(self.fops, name), *args)
+        real = self.call(getattr(real_ops, name), *args)
+        if name == "register":
+            self.now = real  # the server time the script read
+        else:
+            self.now = real[0] if name in STAMPED and real[0] else before
+        return real, self.call(getattr(fake_ops, name), *args)
 
     def saw(self, op: str, codes: list[Any]) -> None:
         self.seen.update((op, code) for code in codes)
@@ -357,7 +381,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         pairs = []
         for raw in candidates:
             self.serial += 1
-            pairs.append((envelope(raw), f"{self.serial:032x}"))
+            owner = OWNERS[self.serial % len(OWNERS)]
+            token = f"{self.serial:032x}"
+            pairs.append((envelope(raw), f"{owner}/{token}" if owner else token))
         real, fake = self.both("claim", pairs, ttl)
         assert real == fake
         now, codes = real
@@ -488,6 +514,46 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.reclaim(max_deliveries, 500)
         self.claim_pending(ttl)
 
+    # -- the consumer registry ----------------------------------------------------------------
+
+    @rule(
+        cid=st.sampled_from(CONSUMERS),
+        action=st.sampled_from(["register", "renew", "forget"]),
+        ttl=st.sampled_from(LEASES),
+    )
+    def consumer_acts(self, cid: str, action: str, ttl: float) -> None:
+        """A consumer registers, beats (its live claims, maybe none, and its liveness
+        entry, in one call) or leaves at a graceful shutdown."""
+        real_ops, fake_ops = self.cops[cid]
+        if action == "register":
+            real, fake = self.both_on(real_ops, fake_ops, "register")
+        elif action == "forget":
+            real, fake = self.both_on(real_ops, fake_ops, "forget_self")
+        else:
+            mine = [t for t in self.live_tickets() if t.token.startswith(cid + "/")]
+            claims = [(t.id, t.token, envelope(t.member).deadline) for t in mine]
+            held = {t.id: self.fq.claims[t.id].expiry for t in mine}
+            real, fake = self.both_on(real_ops, fake_ops, "renew", claims, ttl)
+            now, codes = real
+            for (rid, _token, deadline), code in zip(claims, codes, strict=True):
+                if code == RenewCode.RENEWED:
+                    self.saw("renewal", [lease_kind(now, ttl, deadline, held[rid])])
+        assert real == fake
+        self.saw("registry", [action])
+
+    @rule(data=st.data(), lapse=st.booleans())
+    def failover(self, data: st.DataObject, lapse: bool) -> None:
+        """A consumer's liveness entry lapses (or none does), then a reclaimer's fast
+        failover runs: the lapsed consumers' claims get their lease cut to now."""
+        alive = sorted(c for c, score in self.fq.consumers.items() if score > 0)
+        if lapse and alive:
+            cid = data.draw(st.sampled_from(alive))
+            self.redis("ZADD", K.consumers, "XX", 1, cid)
+            self.fq.consumers[cid] = 1.0
+        real, fake = self.both("expire_owners")
+        assert real == fake
+        self.saw("expire_owners", ["cut" if real[1] else "none"])
+
     @rule(ttl=st.sampled_from(LEASES))
     def serve(self, ttl: float) -> None:
         """A working consumer: move due retries, claim what is pending, then ack every claim
@@ -539,6 +605,17 @@ class ProtocolMachine(RuleBasedStateMachine):
             expected = f.marker(rid)
             assert marker == (expected.encode() if expected is not None else None)
         assert await s.command("GET", K.paused) == q.paused
+        consumers = {k.decode(): v for k, v in (await zscores(s, K.consumers)).items()}
+        bad = diverged(consumers, q.consumers, SLACK)
+        assert not bad, f"liveness expiries (Redis, fake): {bad}"
+        info = {
+            k.decode(): json.loads(v) for k, v in pairs(await s.command("HGETALL", K.consumer_info))
+        }
+        assert info.keys() == q.consumer_info.keys()
+        for cid, doc in info.items():
+            want = q.consumer_info[cid]
+            assert abs(doc.pop("started") - want["started"]) <= SLACK
+            assert doc == {k: v for k, v in want.items() if k != "started"}
         payloads = {k.decode() for k in await s.command("KEYS", "request-payload:*")}
         assert payloads == set(f.payloads)
         assert await s.command("EXISTS", "retry-sortedset:dead") == 0

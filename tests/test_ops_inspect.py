@@ -212,9 +212,9 @@ async def test_held_time_of_a_claimkit_token_is_exact(store: Store) -> None:
     tracker; a stamp ahead of the server clock shows 0, never a negative hold."""
     with trio.fail_after(10):
         now = await server_now(store)
-        stamped = new_token(now - 42.5)
-        ahead = new_token(now + 60)  # the consumer's clock estimate was a little ahead
-        far = new_token(now + 3600)  # not a claim time
+        stamped = new_token(now=now - 42.5)
+        ahead = new_token(now=now + 60)  # the consumer's clock estimate was a little ahead
+        far = new_token(now=now + 3600)  # not a claim time
         await seed_claim(store, Q, "c1", token=stamped, expiry=now + 100, score=int(now) + 500)
         await seed_claim(store, Q, "c2", token=ahead, expiry=now + 101, score=int(now) + 500)
         await seed_claim(store, Q, "c3", token=TOKEN_A, expiry=now + 102, score=int(now) + 500)
@@ -311,6 +311,7 @@ def test_snapshot_json_document_shape() -> None:
             {
                 "id": "r1",
                 "owner": TOKEN_A,
+                "consumer": None,
                 "lease_expiry": 110.0,
                 "lease_left_seconds": -5.0,
                 "expired": True,

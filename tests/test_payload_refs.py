@@ -145,16 +145,16 @@ def test_upstreams_member_names_its_payload_key() -> None:
             "q:claimed",
             TOKEN,
             "Failed: invalid request: internal.payload_ref must be "
-            "'request-payload:p1:0123456789abcdef0123456789abcdef' (the key of this "
-            "request's id and request_token), got 'q:claimed'",
+            "request-payload:p1:0123456789abcdef0123456789abcdef (the key of this "
+            "request's id and request_token), got q:claimed",
         ),
         (
             "request-payload:p2:0123456789abcdef0123456789abcdef",  # another request's
             TOKEN,
             "Failed: invalid request: internal.payload_ref must be "
-            "'request-payload:p1:0123456789abcdef0123456789abcdef' (the key of this "
+            "request-payload:p1:0123456789abcdef0123456789abcdef (the key of this "
             "request's id and request_token), got "
-            "'request-payload:p2:0123456789abcdef0123456789abcdef'",
+            "request-payload:p2:0123456789abcdef0123456789abcdef",
         ),
         (
             "request-payload:p1:",
@@ -622,7 +622,9 @@ async def test_when_the_hand_back_fails_too_the_claim_lapses(
         await trio.sleep_until(60)
         run.consumer.request_stop()
     assert [c.at for c in server.log("release")] == [0.0]
-    assert server.log("renew") == []  # given up: not renewed while it lapsed
+    # Given up: not renewed while it lapsed (the heartbeat renews the consumer's liveness
+    # alone, with no claim).
+    assert [c for c in server.log("renew") if c.ids] == []
     (sent,) = handler.bodies
     assert sent[1:] == ("r0", b'{"id":"r0"}')
     assert 30.0 <= sent[0] <= 41.0  # after the lease (30 s), at a reclaim (every 10 s)

@@ -378,7 +378,7 @@ async def test_ids_ending_in_score_do_not_collide(store: Store) -> None:
 
 
 def test_tokens_are_uuid7_stamped_with_the_claim_time() -> None:
-    tokens = {new_token(1_796_000_000.1234) for _ in range(2000)}
+    tokens = {new_token(now=1_796_000_000.1234) for _ in range(2000)}
     assert len(tokens) == 2000  # 66 random bits each: no repeats
     for token in tokens:
         assert re.fullmatch(r"[0-9a-f]{32}", token)
@@ -391,7 +391,7 @@ def test_tokens_are_uuid7_stamped_with_the_claim_time() -> None:
     assert len({t[17:] for t in tokens}) == 2000
 
 
-GOOD = new_token(1_796_000_000)
+GOOD = new_token(now=1_796_000_000)
 
 
 @pytest.mark.parametrize(
@@ -405,7 +405,7 @@ GOOD = new_token(1_796_000_000)
         GOOD.upper(),  # claimkit writes lower case
         GOOD[:-1],  # 31 chars
         "0x" + GOOD[2:],  # int(x, 16) would read this
-        new_token(1_500_000_000),  # stamped before 2020: not a claim time
+        new_token(now=1_500_000_000),  # stamped before 2020: not a claim time
         "",
     ],
 )

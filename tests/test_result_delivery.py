@@ -374,7 +374,7 @@ async def test_leaving_the_reader_leaves_deliveries_leased(store: Store) -> None
     assert await hash_of(store, K.claimed) == {b"r1": rec("r1")}
     with pytest.raises(RuntimeError, match="not open"):
         await reader.receive()
-    with pytest.raises(ValueError, match="positive number of seconds"):
+    with pytest.raises(ValueError, match="lease_seconds must be a number of seconds from"):
         async with open_result_reader(store, L, lease_seconds=0):
             pass
 

@@ -3,8 +3,9 @@ several readers on one list, one SIGKILLed while it holds a leased record
 (docs/results.md).
 
 Every process is started here and stopped by its PID (the killed reader by its own process
-group, so its ``--exec`` shell dies with it). Waiting is done by polling Redis state and the
-readers' output files against an absolute deadline; nothing asserts on timing.
+group and by its ``--exec`` shell's, a group of its own). Waiting is done by polling Redis
+state and the readers' output files against an absolute deadline; nothing asserts on
+timing.
 """
 
 from __future__ import annotations
@@ -101,10 +102,12 @@ def test_three_readers_one_killed_every_record_acked_once(
     for name in ("a", "c"):
         readers.start(name, f"sleep 0.01; {{ cat; echo; }} >> {d}/{name}.jsonl")
     # b records what it holds; once armed, it sleeps holding its record (the lease is
-    # renewed meanwhile) and is SIGKILLed there.
+    # renewed meanwhile) and is SIGKILLed there, with its --exec command (in a process group
+    # of its own, docs/results.md#ctrl-c-and---exec; the shell's pid is that group's id).
     readers.start(
         "b",
-        f"cat > {d}/b.current; if [ -e {d}/b.arm ]; then cp {d}/b.current {d}/b.held; "
+        f"cat > {d}/b.current; if [ -e {d}/b.arm ]; then echo $$ > {d}/b.pgid; "
+        f"cp {d}/b.current {d}/b.held; "
         f"sleep 60; fi; {{ cat {d}/b.current; echo; }} >> {d}/b.jsonl",
     )
 
@@ -119,6 +122,7 @@ def test_three_readers_one_killed_every_record_acked_once(
     held_id = claim_id(records.index(held))
     # b holds it leased, not acked, when it dies.
     assert do(redis_url, ("HGET", K.claimed, held_id))[0] == held
+    os.killpg(int((d / "b.pgid").read_text()), signal.SIGKILL)
     os.killpg(readers.procs["b"].pid, signal.SIGKILL)
     readers.procs["b"].wait(timeout=10)
 

@@ -103,6 +103,8 @@ QUEUE_TYPES = {
     CK.deliveries: ("hash",),
     CK.dead: ("zset",),
     OUTBOX: ("hash",),
+    K.consumers: ("zset",),
+    K.consumer_info: ("hash",),
 }
 
 
@@ -128,6 +130,11 @@ RECLAIM_KEYS = [K.pending, K.claimed, K.owners, K.index, K.deliveries, K.dead]
 STATS_KEYS = [K.pending, K.owners, K.index, K.dead, K.retry_set, K.retry_dead, K.consumers]
 RECLAIM_ARGV: list[Arg] = [100, 10, "", "result-list", "result-terminal:", 100, 2, "0", 100, 30]
 NUMBERS: tuple[Arg, ...] = ("x", "nan", "")
+# The consumer a renew or a register names (lua/_liveness.lua): id, liveness ttl, host, pid,
+# version; and ids a consumer cannot have.
+CONSUMER_ARGS: list[Arg] = ["pod-a", 10, "host", 7, "0.1.0"]
+BAD_IDS: tuple[Arg, ...] = ("-a", "a/b", "a b", "x" * 128)
+REGISTRY_RENEW_KEYS = [K.owners, K.index, K.consumers, K.consumer_info]
 # The cluster scripts (docs/topology.md#cluster-key-layout)
 CACK_KEYS = [CK.pending, CK.claimed, CK.owners, CK.index, CK.deliveries, OUTBOX]
 CRECLAIM_KEYS = [CK.pending, CK.claimed, CK.owners, CK.index, CK.deliveries, CK.dead, OUTBOX]
@@ -311,11 +318,56 @@ CASES: dict[str, Case] = {
     ),
     "renew": Case(
         "renew",
-        [K.owners, K.index],
-        [60, "a", "ta", D, "b", "tb", D],
+        REGISTRY_RENEW_KEYS,
+        [60, *CONSUMER_ARGS, "a", "ta", D, "b", "tb", D],
         claims(("a", MA, "ta"), ("b", MB, "tb")),
-        declared(K.owners, K.index),
-        bad_argv={1: NUMBERS, 4: NUMBERS, 7: NUMBERS},
+        declared(*REGISTRY_RENEW_KEYS),
+        bad_argv={1: NUMBERS, 2: BAD_IDS, 3: (*NUMBERS, "0", "-1"), 5: WHOLE, 9: NUMBERS},
+    ),
+    # The consumer registry (docs/protocol.md#consumers): a lapsed consumer "c" whose claim
+    # "a" has its lease ahead, so the expire-owners call writes.
+    "register": Case(
+        "register",
+        [K.consumers, K.consumer_info],
+        CONSUMER_ARGS,
+        [],
+        declared(K.consumers, K.consumer_info),
+        bad_argv={1: BAD_IDS, 2: (*NUMBERS, "0", "-1"), 4: WHOLE},
+    ),
+    "expire-owners": Case(
+        "expire-owners",
+        [K.owners, K.index, K.consumers],
+        ["0", 100],
+        [
+            *claims(("a", MA, "c/" + "0" * 32), ("b", MB, "live/" + "0" * 32)),
+            ["ZADD", K.index, "XX", D, "a", D, "b"],
+            ["ZADD", K.consumers, 1000, "c", D, "live"],
+        ],
+        declared(K.owners, K.index, K.consumers),
+        bad_argv={1: ("x", "-1"), 2: WHOLE},
+    ),
+    "forget-consumers": Case(
+        "forget-consumers",
+        [K.consumers, K.consumer_info],
+        ["dead"],
+        [
+            ["ZADD", K.consumers, 1000, "c", -900, "d", D, "live"],
+            ["HSET", K.consumer_info, "c", "{}", "d", "{}", "live", "{}"],
+        ],
+        declared(K.consumers, K.consumer_info),
+        bad_argv={1: ("x", "")},
+    ),
+    "consumers": Case(
+        "consumers",
+        [K.consumers, K.consumer_info, K.owners],
+        [0],
+        [
+            *claims(("a", MA, "c/" + "0" * 32)),
+            ["ZADD", K.consumers, 1000, "c"],
+            ["HSET", K.consumer_info, "c", "{}"],
+        ],
+        declared(K.consumers, K.consumer_info, K.owners),
+        bad_argv={1: ("x", "-1")},
     ),
     "requeue-dead": Case(
         "requeue-dead",

@@ -24,6 +24,7 @@ import pytest
 import trio
 from support import StoreWrapper, member, server_now
 
+from claimkit.protocol.consumers import ConsumerIdentity, read_registry
 from claimkit.protocol.models import Envelope, Invalid, TerminalRecord, parse_member
 from claimkit.protocol.ops import AckItem, QueueOps, move_retries
 from claimkit.store import Arg, ScriptCall, Store, StoreError, open_store
@@ -47,7 +48,12 @@ PROTOCOL_SCRIPTS = {
     "park": 4,
     "reclaim": 6,
     "release": 4,
-    "renew": 2,
+    "renew": 4,
+    # The consumer registry (claimkit.protocol.consumers, docs/protocol.md#consumers)
+    "register": 2,
+    "expire-owners": 3,
+    "forget-consumers": 2,
+    "consumers": 3,
 }
 CLUSTER_SCRIPTS = {
     # The scripts QueueOps calls on a Redis Cluster instead (docs/topology.md)
@@ -66,7 +72,7 @@ PRODUCER_SCRIPTS = {
     "enqueue": 2,
 }
 ALL_CALLED = PROTOCOL_SCRIPTS | CLUSTER_SCRIPTS | PRODUCER_SCRIPTS
-READ_ONLY_SCRIPTS = {"inspect", "cancelled", "result-inspect", "queue-stats"}
+READ_ONLY_SCRIPTS = {"inspect", "cancelled", "result-inspect", "consumers", "queue-stats"}
 
 Q = "{tenant-a}:requests"
 RETRY = "retry-sortedset"
@@ -134,7 +140,7 @@ def test_the_loader_prefers_the_packaged_lua_dir(
     package = tmp_path / "site-packages" / "claimkit"
     packaged = copy_lua(package / "lua")
     marker = "-- packaged copy\n"
-    renew = packaged / "renew-2.lua"
+    renew = packaged / "renew-4.lua"
     renew.write_text(renew.read_text(encoding="utf-8") + marker, encoding="utf-8")
     monkeypatch.setattr(resources, "files", lambda _name: package)
 
@@ -292,6 +298,7 @@ def test_includes_are_resolved() -> None:
         "_guard-keys",
         "_lease",
         "_live-copy",
+        "_liveness",
         "_member",
         "_push-terminal",
         "_queue-score",
@@ -361,7 +368,10 @@ WRITING_SCRIPTS = {
     "park": ["hash", "hash", "zset", "zset"],
     "reclaim": ["zset", "hash", "hash", "zset", "hash", "zset"],
     "release": ["zset", "hash", "hash", "zset"],
-    "renew": ["hash", "zset"],
+    "renew": ["hash", "zset", "zset", "hash"],
+    "register": ["zset", "hash"],
+    "expire-owners": ["hash", "zset", "zset"],
+    "forget-consumers": ["zset", "hash"],
     "requeue-dead": ["zset", "zset", "hash"],
     "ack-local": ["zset", "hash", "hash", "zset", "hash", "hash", "list", "hash", "zset"],
     "ack-outbox": ["zset", "hash", "hash", "zset", "hash", "hash"],
@@ -454,7 +464,10 @@ GUARD_ARGV: dict[str, list[Arg]] = {
     "park": ["a", "t", 1, "m"],
     "reclaim": [100, 10, "", "rl", "result-terminal:", 0],
     "release": ["a", "t", ""],
-    "renew": [60, "a", "t", 4102444800],
+    "renew": [60, "c", 10, "h", 1, "v", "a", "t", 4102444800],
+    "register": ["c", 10, "h", 1, "v"],
+    "expire-owners": ["0", 100],
+    "forget-consumers": ["dead"],
     "requeue-dead": ["result-terminal:", "0", "m", "a"],
     "ack-local": [0, "1", "fb", "a", "t", "", "{}", "m", "a\x00t"],
     "ack-outbox": ["a", "t", "", "rl", "{}", "m", "a\x00t"],
@@ -558,7 +571,7 @@ class RecordingStore(StoreWrapper):
 async def test_queue_ops_pass_the_documented_keys(store: Store) -> None:
     with trio.fail_after(10):
         rec = RecordingStore(store)
-        ops = QueueOps(rec, Q)
+        ops = QueueOps(rec, Q, consumer=ConsumerIdentity("c", 10, "h", 1, "v"))
         now = await server_now(store)
         deadline = int(now) + 600
         raw = member("a", deadline, request_token="ab" * 16)
@@ -578,6 +591,11 @@ async def test_queue_ops_pass_the_documented_keys(store: Store) -> None:
         await ops.ack([AckItem("a", "t1", "", "result-list", record, raw)])
         await ops.reclaim(max_deliveries=10)
         await move_retries(rec, RETRY)
+        await ops.register()
+        await store.command("ZADD", ops.keys.consumers, 1000, "c")
+        await ops.expire_owners()
+        await read_registry(rec, ops.keys)
+        await ops.forget_self()
 
         called = {name for name, _ in rec.runs}
         assert called == set(PROTOCOL_SCRIPTS), "every script is exercised"

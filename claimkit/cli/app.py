@@ -28,6 +28,8 @@ from claimkit.cli.common import (
     run_to_end,
     usage_error,
 )
+from claimkit.protocol.consumers import default_consumer_id
+from claimkit.protocol.tokens import consumer_id_problem
 
 if TYPE_CHECKING:
     from claimkit.store import Store
@@ -135,6 +137,25 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    consumer_id: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CLAIMKIT_CONSUMER_ID",
+            help="This consumer's id, 1-127 of [A-Za-z0-9._-]: the first part of every "
+            "claim's token and its name in `claimkit consumers` (default $POD_NAME, else "
+            "<host>-<pid>; docs/cli.md#claimkit-serve).",
+            show_default=False,
+        ),
+    ] = None,
+    consumer_liveness_ttl: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a consumer's liveness entry outlives its last heartbeat; once it "
+            "lapses, any reclaimer hands its claims on. 0 turns the registry off (default "
+            "10; docs/operations.md#consumers).",
+            show_default=False,
+        ),
+    ] = None,
     store_backend: Annotated[
         str, typer.Option("--store", help="Redis client: coredis, or redispy (optional extra).")
     ] = "coredis",
@@ -161,6 +182,11 @@ def serve(
         claimkit serve --redis-url redis://127.0.0.1:6379/0 \\
           --transport-config-file transport.json
     """
+    if consumer_id is None:
+        consumer_id = default_consumer_id()  # $POD_NAME, else <host>-<pid>
+    problem = consumer_id_problem(consumer_id)
+    if problem is not None:
+        usage_error(f"--consumer-id: {problem}")
     config = config_from(
         transport_config,
         transport_config_file,
@@ -176,6 +202,8 @@ def serve(
         http_host=http_host,
         http_idle_timeout_seconds=http_idle_timeout,
         http_max_connections=http_max_connections,
+        consumer_id=consumer_id,
+        consumer_liveness_ttl_seconds=consumer_liveness_ttl,
     )
     if store_backend not in ("coredis", "redispy"):
         usage_error(f"--store must be coredis or redispy, got {store_backend!r}")

@@ -23,6 +23,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
+    from claimkit.ops.consumers import ConsumerRow, ConsumersView
     from claimkit.ops.dead import DeadLetter, DeathCause
     from claimkit.ops.inspect import ClaimRow, QueueSnapshot
     from claimkit.protocol.pause import PauseMark
@@ -31,6 +32,8 @@ __all__ = [
     "Console",
     "RenderableType",
     "claims_table",
+    "consumers_table",
+    "consumers_view_text",
     "dead_table",
     "error_view",
     "format_clock",
@@ -128,6 +131,7 @@ def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = No
     table = Table(title=title, title_justify="left", expand=False)
     # Only the id folds: on 80 columns every other cell stays on one line.
     table.add_column("id", overflow="fold")
+    table.add_column("consumer", overflow="fold")
     table.add_column("owner", no_wrap=True)
     table.add_column("lease left", justify="right", no_wrap=True)
     table.add_column("deliveries", justify="right", no_wrap=True)
@@ -148,12 +152,69 @@ def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = No
         owner = short_token(row.owner) + (" (ghost)" if row.ghost else "")
         # Text, not str: a str cell is read as rich markup, and an id like "a[b]" would lose
         # its brackets.
-        cells: list[str | Text] = [Text(row.id), Text(owner), lease, str(row.deliveries)]
+        consumer = Text(row.consumer) if row.consumer is not None else Text("unknown", style="dim")
+        cells: list[str | Text] = [Text(row.id), consumer, Text(owner), lease, str(row.deliveries)]
         if tracked:
             cells.append(held)
         cells.append("-" if row.score is None else _relative(row.score, now))
         table.add_row(*cells, style=style)
     return table
+
+
+_STATE_STYLE = {"alive": "green", "dead": "bold red", "dead, claims handed on": "red"}
+
+
+def consumers_table(
+    rows: Sequence[ConsumerRow], *, now: float, title: str | None = None, exact: bool = True
+) -> Table:
+    """The consumer table (docs/operations.md#consumers): consumer, state, when its liveness
+    entry expires (``in 8.2s``) or expired (``12.0s ago``), claims held (``≥`` when the
+    owners hash was larger than the scan bound), the age of its oldest claim, host, pid.
+    Times relative to ``now`` (Unix seconds, server clock)."""
+    table = Table(title=title, title_justify="left", expand=False)
+    table.add_column("consumer", overflow="fold")
+    table.add_column("state", no_wrap=True)
+    table.add_column("liveness expires", no_wrap=True)
+    table.add_column("claims", justify="right", no_wrap=True)
+    table.add_column("oldest claim", justify="right", no_wrap=True)
+    table.add_column("host", overflow="fold")
+    table.add_column("pid", justify="right", no_wrap=True)
+    for row in rows:
+        name = Text(row.id) if row.id is not None else Text("unknown", style="dim")
+        expires = "-" if row.expires is None else _relative(row.expires, now)
+        table.add_row(
+            name,
+            Text(row.state, style=_STATE_STYLE.get(row.state, "dim")),
+            expires,
+            ("" if exact else "≥") + str(row.claims),
+            "-" if row.oldest_age is None else format_duration(row.oldest_age),
+            Text(row.host or "-"),
+            "-" if row.pid is None else str(row.pid),
+        )
+    return table
+
+
+def consumers_view_text(
+    views: Sequence[ConsumersView], forgotten: dict[str, list[str]] | None = None
+) -> RenderableType:
+    """The ``claimkit consumers`` screen: per queue a header line (alive and dead counts)
+    and the consumer table, after a line per queue whose dead entries ``--forget-dead``
+    removed (``forgotten``)."""
+    parts: list[RenderableType] = []
+    for queue, ids in (forgotten or {}).items():
+        parts.append(Text(f"queue {queue}: forgot {len(ids)} dead consumers: {', '.join(ids)}"))
+    for view in views:
+        alive = sum(1 for row in view.rows if row.alive)
+        dead = sum(1 for row in view.rows if row.state.startswith("dead"))
+        header = Text()
+        header.append(f"queue {view.queue}", style="bold")
+        header.append(f"  server time {format_time(view.server_time)}  alive {alive}  dead {dead}")
+        parts.append(header)
+        if view.rows:
+            parts.append(consumers_table(view.rows, now=view.server_time, exact=view.exact))
+        else:
+            parts.append(Text("no consumers", style="dim"))
+    return Group(*parts)
 
 
 def _counts(snap: QueueSnapshot) -> Text:
@@ -220,6 +281,15 @@ def snapshot_view(snap: QueueSnapshot, *, url: str) -> RenderableType:
     if snap.paused is not None:  # consumers claim nothing new (docs/protocol.md#pause)
         parts.append(Text(f"paused {pause_text(snap.paused)}", style="bold yellow"))
     parts += [_counts(snap), oldest, detail]
+    if snap.consumers is not None and snap.consumers.rows:
+        parts.append(
+            consumers_table(
+                snap.consumers.rows,
+                now=snap.consumers.server_time,
+                title="consumers",
+                exact=snap.consumers.exact,
+            )
+        )
     if snap.claims:
         parts.append(claims_table(snap.claims, now=snap.server_time, title=shown))
     else:

@@ -130,10 +130,13 @@ def inspect_queue(
 
     Counts (pending, claimed, orphans: claims without a lease entry, expired, retrying,
     dead, results), the oldest pending
-    deadline, and the claims with the earliest lease expiry first: id, owner token
-    (short), lease left on the Redis server clock, deliveries, and how long the claim has
-    been held (exact for claimkit's tokens, which carry their claim time; with --watch a
-    lower bound for others). Expired leases are red: any reclaimer may redeliver them.
+    deadline, the consumers holding claims (alive or dead, claims, oldest, when each one's
+    liveness entry expires or expired; docs/operations.md#consumers), and the claims with
+    the earliest lease expiry first: id, consumer (unknown for a token that names none),
+    owner token (short), lease left on the Redis server clock, deliveries, and how long the
+    claim has been held (exact for claimkit's tokens, which carry their claim time; with
+    --watch a lower bound for others). Expired leases are red: any reclaimer may redeliver
+    them.
     Reads only the queue's own keys, the retry set and the result list; never KEYS or SCAN.
     On a Redis Cluster (mode "cluster") the counts add the outbox: records acked and on
     their way to a result list in another slot (docs/topology.md#cluster-key-layout).

@@ -1,8 +1,9 @@
-"""The operator commands (docs/cli.md): ``inspect``, ``drain``, ``reclaim``, ``dead``,
-``results``, ``cancel``, ``pause`` and ``resume``, registered on the main app by
+"""The operator commands (docs/cli.md): ``inspect``, ``consumers``, ``drain``, ``reclaim``,
+``dead``, ``results``, ``cancel``, ``pause`` and ``resume``, registered on the main app by
 :func:`register`.
 
 Each lives in its own module (:mod:`~claimkit.cli.inspect_command`,
+:mod:`~claimkit.cli.consumers_command`,
 :mod:`~claimkit.cli.drain_commands`, :mod:`~claimkit.cli.dead_commands`,
 :mod:`~claimkit.cli.results_commands`, :mod:`~claimkit.cli.pause_commands`) and is a thin
 layer over :mod:`claimkit.ops` through one skeleton (:mod:`claimkit.cli.runner`).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from claimkit.cli.consumers_command import consumers
 from claimkit.cli.dead_commands import dead_app
 from claimkit.cli.drain_commands import drain, reclaim
 from claimkit.cli.inspect_command import inspect_queue
@@ -34,6 +36,7 @@ __all__ = ["register"]
 def register(app: typer.Typer) -> None:
     """Add the operator commands to ``app`` (called by :mod:`claimkit.cli.app`)."""
     app.command("inspect")(inspect_queue)
+    app.command("consumers")(consumers)
     app.command("drain")(drain)
     app.command("pause")(pause)
     app.command("resume")(resume)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,25 +24,23 @@ if TYPE_CHECKING:
     from claimkit.protocol.result_delivery import ResultDelivery
     from claimkit.store import Store
 
-__all__ = ["RESULT_LINE_PREVIEW", "cancel", "record_line", "results"]
+__all__ = ["RESULT_LINE_PREVIEW", "cancel", "record_line", "results", "write_record"]
 
 RESULT_LINE_PREVIEW = 160
 """Characters of a record's payload shown per line by ``results`` without ``--json``."""
 
 
-def record_line(raw: bytes, *, as_json: bool) -> str:
-    """One line of ``results`` for the record ``raw``: its exact text with ``--json``, else
+def record_line(raw: bytes) -> str:
+    """One line of ``results`` without ``--json`` for the record ``raw``:
     ``<id>  <status or error code>  <body or error message>`` (the body cut at
-    :data:`RESULT_LINE_PREVIEW` characters). An element that is not a terminal record is
-    still shown, as ``?  (not a terminal record)  <its text>``."""
-    text = raw.decode("utf-8", errors="replace")
-    if as_json:
-        return text
-    from claimkit.protocol.models import TerminalRecord
+    :data:`RESULT_LINE_PREVIEW` characters). An element that is not a terminal record
+    (:func:`~claimkit.protocol.result_delivery.parse_result`) is still shown, as
+    ``?  (not a terminal record)  <its text>``, bytes that are not UTF-8 as U+FFFD."""
+    from claimkit.protocol.result_delivery import parse_result
 
-    try:
-        rec = TerminalRecord.from_json(raw)
-    except (ValueError, RecursionError):  # a popped element must still be printed
+    rec, _why = parse_result(raw)
+    if rec is None:  # a popped element must still be printed
+        text = raw.decode("utf-8", errors="replace")
         return f"?  (not a terminal record)  {text[:RESULT_LINE_PREVIEW]}"
     if rec.error_code is not None:
         return f"{rec.id}  {rec.error_code}  {rec.error_message}"
@@ -54,15 +53,32 @@ def record_line(raw: bytes, *, as_json: bool) -> str:
     return f"{rec.id}  {status}  {body}"
 
 
+def write_record(raw: bytes, *, as_json: bool) -> None:
+    """Print the record ``raw``: with ``as_json`` its exact bytes and a newline, written to
+    stdout's byte stream as stored (not decoded, so a record that is not UTF-8 comes out
+    byte for byte; docs/cli.md), else :func:`record_line`."""
+    if as_json:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(raw + b"\n")
+        sys.stdout.buffer.flush()
+    else:
+        sys.stdout.write(record_line(raw) + "\n")
+        sys.stdout.flush()
+
+
 def _check_results_flags(
     pop: bool,
     follow: bool,
     peek: bool,
+    json_out: bool,
     list_name: str | None,
     command: str | None,
     lease: float | None,
     poll: float | None,
 ) -> None:
+    """Refuse a contradictory or out-of-range ``results`` command line: one line, exit 2."""
+    from claimkit.result_reader import check_lease_seconds, check_poll_seconds
+
     if peek and pop:
         usage_error("--peek and --pop cannot be combined: --peek reads without removing")
     if follow and pop:
@@ -71,14 +87,31 @@ def _check_results_flags(
             "acked once printed or handled; docs/results.md); --pop is a one-shot "
             "destructive read"
         )
+    if follow and peek:
+        usage_error(
+            "--follow and --peek cannot be combined: --follow acks each record it prints "
+            "(it leaves the list); --peek reads without removing"
+        )
     if not follow:
         for given, flag in ((command, "--exec"), (lease, "--lease"), (poll, "--poll")):
             if given is not None:
                 usage_error(f"{flag} applies to --follow only")
+    if command is not None and json_out:
+        usage_error(
+            "--exec and --json cannot be combined: with --exec nothing is printed, CMD gets "
+            "each record's exact JSON on its stdin"
+        )
     if command is not None and not command.strip():
         usage_error("--exec must not be empty")
     if list_name is not None and not list_name:
         usage_error("--list must not be empty")
+    try:
+        if lease is not None:
+            check_lease_seconds(lease, "--lease")
+        if poll is not None:
+            check_poll_seconds(poll, "--poll")
+    except ValueError as exc:
+        usage_error(str(exc))
 
 
 def results(
@@ -122,8 +155,8 @@ def results(
         typer.Option(
             "--lease",
             metavar="SECONDS",
-            min=0.003,
-            help="With --follow: each record's lease, seconds (default 300).",
+            help="With --follow: each record's lease, seconds (default 300; 0.001 to "
+            "604800, 7 days).",
             show_default=False,
         ),
     ] = None,
@@ -132,8 +165,8 @@ def results(
         typer.Option(
             "--poll",
             metavar="SECONDS",
-            min=0.0,
-            help="With --follow: seconds between reads of an empty list (default 1.0).",
+            help="With --follow: seconds between reads of an empty list (default 1.0; above "
+            "0, at most 3600).",
             show_default=False,
         ),
     ] = None,
@@ -152,7 +185,11 @@ def results(
         ),
     ] = None,
     json_out: Annotated[
-        bool, typer.Option("--json", help="Print each record's exact JSON, one per line.")
+        bool,
+        typer.Option(
+            "--json",
+            help="Print each record's exact bytes as stored, one per line (not re-encoded).",
+        ),
     ] = False,
     transport_config: TransportConfig = None,
     transport_config_file: TransportConfigFile = None,
@@ -160,10 +197,11 @@ def results(
 ) -> None:
     """Print terminal records, oldest first, without removing them (unless --pop or --follow).
 
-    Each line: id, status code or error code, body or error message (--json: the record
-    exactly as stored, docs/protocol.md). By default the oldest --count records are read
-    with LRANGE and stay in the list. --pop removes each record it prints (RPOP), once; it
-    is refused (exit status 1, nothing popped) while the list has durable readers.
+    Each line: id, status code or error code, body or error message (--json: the record's
+    exact bytes as stored, even when not UTF-8, docs/protocol.md). By default the oldest
+    --count records are read with LRANGE and stay in the list. --pop removes each record
+    it prints (RPOP), once; it is refused (exit status 1, nothing popped) while the list
+    has durable readers.
 
     --follow reads durably until Ctrl-C (or --count acks), as llm-d's result readers do,
     so several readers can share a list (docs/results.md): each record is leased
@@ -172,7 +210,12 @@ def results(
     acked only when CMD exits 0, else one line on stderr and it comes back after the
     lease. An unparsable record is reported on stderr and left leased, never deleted.
     Rides out a Redis restart (one line on stderr, backoff, a line when it is back).
-    Ctrl-C leaves records not yet acked leased: they come back after the lease.
+    Ctrl-C (or SIGTERM) leaves records not yet acked leased: they come back after the
+    lease. A running --exec CMD runs in its own process group, which then gets SIGTERM
+    (SIGKILL 5 s later), and claimkit waits for that shell to exit (docs/results.md).
+
+    Contradictory flags (--follow with --peek or --pop, --peek with --pop, --exec with
+    --json, --exec/--lease/--poll without --follow) are a usage error (exit status 2).
 
     Examples:
 
@@ -183,7 +226,7 @@ def results(
         claimkit results --redis-url redis://127.0.0.1:6379/0 \\
           --follow --lease 60 --exec 'jq -c . >> results.jsonl'
     """
-    _check_results_flags(pop, follow, peek, list_name, command, lease, poll)
+    _check_results_flags(pop, follow, peek, json_out, list_name, command, lease, poll)
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     name = list_name or config.result_queue_name
     if not name:
@@ -193,8 +236,7 @@ def results(
     from claimkit.protocol.result_delivery import ResultPopRefused
 
     def emit(raw: bytes) -> None:
-        sys.stdout.write(record_line(raw, as_json=json_out) + "\n")
-        sys.stdout.flush()
+        write_record(raw, as_json=json_out)
 
     def notify(line: str) -> None:
         sys.stderr.write(f"claimkit results: {line}\n")
@@ -264,7 +306,8 @@ def _follower(
                 count=count,
                 lease_seconds=lease_seconds,
                 poll_seconds=1.0 if poll is None else poll,
-            )
+            ),
+            also=(signal.SIGTERM,),
         )
 
     return follow_list

@@ -126,11 +126,14 @@ def with_store_until_stopped(
     return run(_in_store(config, fn, key_types), url=config.url, interrupt=Interrupt.STOP)
 
 
-async def until_sigint(fn: Callable[[], Awaitable[T]]) -> T | None:
-    """Run ``fn`` until it returns or Ctrl-C (SIGINT), which cancels it: its cleanup then
-    runs as for any cancellation, instead of a ``KeyboardInterrupt`` at any line."""
+async def until_sigint(
+    fn: Callable[[], Awaitable[T]], *, also: Sequence[signal.Signals] = ()
+) -> T | None:
+    """Run ``fn`` until it returns or Ctrl-C (SIGINT, or one of the signals ``also``), which
+    cancels it: its cleanup then runs as for any cancellation, instead of a
+    ``KeyboardInterrupt`` at any line (or, for SIGTERM, the process dying on the spot)."""
     result: list[T] = []
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, *also) as signals:
         async with trio.open_nursery() as nursery:
 
             async def stop_on_sigint() -> None:

@@ -4,10 +4,16 @@ queue (docs/configuration.md). :func:`claimkit.config.load_config` builds them."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from claimkit._errors import ConfigError
 from claimkit.protocol import keys as _keys
+from claimkit.protocol.consumers import (
+    DEFAULT_LIVENESS_TTL_SECONDS,
+    ConsumerIdentity,
+    default_consumer_id,
+)
 from claimkit.protocol.ops import QueueOps
 from claimkit.store.topology import Topology
 
@@ -15,6 +21,15 @@ if TYPE_CHECKING:
     from claimkit.store import Store
 
 __all__ = ["DEFAULT_MAX_DELIVERIES", "MAX_NUMBER", "Config", "QueueConfig", "WrongKeyType"]
+
+
+def _version() -> str:
+    """claimkit's installed version, or ``"unknown"`` when run from a bare source tree."""
+    try:
+        return metadata.version("claimkit")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
 
 DEFAULT_MAX_DELIVERIES = 10
 MAX_NUMBER = 2**31 - 1
@@ -88,6 +103,14 @@ class Config:
     """Milliseconds that ``WAIT`` may block before the call counts as failed."""
     unknown_fields: tuple[str, ...] = ()
     """Fields of the JSON claimkit does not know (ignored; the CLI warns about each)."""
+    consumer_liveness_ttl_seconds: float = DEFAULT_LIVENESS_TTL_SECONDS
+    """How far ahead of the server clock each heartbeat puts this consumer's liveness entry;
+    a consumer whose entry lapsed has its claims handed on at once
+    (docs/protocol.md#fast-failover). 0: no registry entry, no fast failover."""
+    consumer_id: str = field(default_factory=default_consumer_id)
+    """This ``serve``'s consumer id (``--consumer-id``, ``$CLAIMKIT_CONSUMER_ID``,
+    ``$POD_NAME``, else ``<host>-<pid>``; docs/cli.md#claimkit-serve): the first part of
+    every ownership token it writes and its name in the consumer registry."""
 
     @property
     def topology(self) -> Topology:
@@ -96,8 +119,26 @@ class Config:
 
     @property
     def heartbeat_interval_seconds(self) -> float:
-        """``clamp(claim_lease_ttl / 3, 1 s, 30 s)`` (docs/protocol.md#heartbeat)."""
-        return min(30.0, max(1.0, self.claim_lease_ttl_seconds / 3))
+        """``clamp(claim_lease_ttl / 3, 1 s, 30 s)``, and at most
+        ``consumer_liveness_ttl_seconds / 3`` while the registry is on
+        (docs/protocol.md#heartbeat)."""
+        interval = min(30.0, max(1.0, self.claim_lease_ttl_seconds / 3))
+        if self.consumer_liveness_ttl_seconds > 0:
+            interval = min(interval, self.consumer_liveness_ttl_seconds / 3)
+        return interval
+
+    def consumer_identity(self) -> ConsumerIdentity | None:
+        """This consumer as its registry entry names it (docs/protocol.md#consumers), or
+        ``None`` while the registry is off (``consumer_liveness_ttl_seconds`` = 0).
+
+        Raises:
+            ValueError: :attr:`consumer_id` is not a valid consumer id.
+        """
+        if self.consumer_liveness_ttl_seconds <= 0:
+            return None
+        return ConsumerIdentity.here(
+            self.consumer_id, self.consumer_liveness_ttl_seconds, _version()
+        )
 
     def queue(self, name: str) -> QueueConfig:
         """The queue called ``name``. Raises :class:`ConfigError` if it is not configured."""
@@ -107,10 +148,12 @@ class Config:
         known = ", ".join(q.queue_name for q in self.queues) or "none"
         raise ConfigError(f"unknown queue {name!r} (configured: {known})")
 
-    def ops_for(self, store: Store, queue: QueueConfig) -> QueueOps:
+    def ops_for(self, store: Store, queue: QueueConfig, *, consumer: bool = False) -> QueueOps:
         """The protocol operations of ``queue`` on ``store``, with this config's routing,
         dedup TTL (seconds), lease (seconds) and retry set: what ``serve`` and
-        ``reclaim --once`` both run (docs/protocol.md#claim-protocol)."""
+        ``reclaim --once`` both run (docs/protocol.md#claim-protocol). With ``consumer``
+        (``serve``) they also keep this consumer's registry entry
+        (:meth:`consumer_identity`)."""
         return QueueOps(
             store,
             queue.queue_name,
@@ -119,4 +162,5 @@ class Config:
             dedup_ttl=self.result_dedup_ttl_seconds,
             lease_ttl=self.claim_lease_ttl_seconds,
             retry_set=self.retry_queue_name,
+            consumer=self.consumer_identity() if consumer else None,
         )

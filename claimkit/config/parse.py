@@ -24,6 +24,8 @@ from claimkit._errors import ConfigError
 from claimkit.config.gate_params import GATE_TYPES, check_gate_address, check_gate_params
 from claimkit.config.model import DEFAULT_MAX_DELIVERIES, MAX_NUMBER, Config, QueueConfig
 from claimkit.protocol import keys as _keys
+from claimkit.protocol.consumers import default_consumer_id
+from claimkit.protocol.tokens import consumer_id_problem
 from claimkit.store.topology import Topology
 from claimkit.store.urls import check_url
 
@@ -51,11 +53,19 @@ _NUMERIC: dict[str, tuple[type, float]] = {
     "http_max_connections": (int, 512),
     "wait_replicas": (int, 0),
     "wait_timeout_ms": (int, 1000),
+    "consumer_liveness_ttl_seconds": (float, 10.0),
 }
-# docs/configuration.md says 0 means the default, but four fields give 0 a meaning of its
+# docs/configuration.md says 0 means the default, but some fields give 0 a meaning of its
 # own: unlimited deliveries (docs/protocol.md#reclaim), a dedup marker with no TTL
-# (docs/protocol.md#keys), a server turned off (docs/configuration.md).
-_ZERO_IS_ZERO = {"max_deliveries", "result_dedup_ttl_seconds", "metrics_port", "health_port"}
+# (docs/protocol.md#keys), a server turned off (docs/configuration.md), no consumer
+# registry (docs/protocol.md#consumers).
+_ZERO_IS_ZERO = {
+    "max_deliveries",
+    "result_dedup_ttl_seconds",
+    "metrics_port",
+    "health_port",
+    "consumer_liveness_ttl_seconds",
+}
 _PORTS = {"metrics_port", "health_port"}
 
 
@@ -260,8 +270,10 @@ def load_config(
         flags: flag values by config field name (``claim_lease_ttl_seconds``, ``concurrency``,
             ``url``, ...); ``None`` values are ignored. A flag applies only where the JSON
             does not set the field.
-        environ: where ``REDIS_URL``, ``REDIS_URL_FILE``, ``REDIS_PASSWORD`` and
-            ``REDIS_PASSWORD_FILE`` are looked up (default ``os.environ``).
+        environ: where ``REDIS_URL``, ``REDIS_URL_FILE``, ``REDIS_PASSWORD``,
+            ``REDIS_PASSWORD_FILE``, and for the consumer id ``CLAIMKIT_CONSUMER_ID`` and
+            ``POD_NAME``, are looked up (default ``os.environ``). The consumer id is the
+            ``consumer_id`` flag, else those, else ``<host>-<pid>``.
         require_queues: ``False`` for commands that work without queues (``results``).
 
     Raises:
@@ -278,7 +290,19 @@ def load_config(
     queues = _queues(merged, url, require_queues=require_queues)
     if values.get("mode") == "cluster":
         _check_cluster_names(queues, values)
+    values["consumer_id"] = _consumer_id((flags or {}).get("consumer_id"), env)
     return Config(url=url, queues=queues, unknown_fields=tuple(unknown), **values)
+
+
+def _consumer_id(flag: Any, env: Mapping[str, str]) -> str:
+    """The checked consumer id: the flag, else :func:`default_consumer_id` of ``env``."""
+    consumer_id = flag if flag is not None else default_consumer_id(env)
+    if not isinstance(consumer_id, str):
+        raise ConfigError(f"consumer id must be a string, got {json.dumps(consumer_id)}")
+    problem = consumer_id_problem(consumer_id)
+    if problem is not None:
+        raise ConfigError(problem)
+    return consumer_id
 
 
 def _read_json(inline: str | None, path: str | Path | None) -> dict[str, Any]:

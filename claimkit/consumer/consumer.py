@@ -151,7 +151,7 @@ class Consumer:
         self._own_http = http_client is None and handler is None
 
         def real_ops(q: QueueConfig) -> QueueProtocol:
-            return config.ops_for(store, q)
+            return config.ops_for(store, q, consumer=True)
 
         make_ops = ops_factory or real_ops
         self.queues = [self._queue(q, make_ops(q), store) for q in config.queues]
@@ -184,9 +184,9 @@ class Consumer:
             self._health,
             self.clock,
             gauges=self.metrics.queue_gauges,
-            # The consumer registry adds Config.consumer_id; until then no id (every process
-            # publishes the queue-wide gauges). The one place that reads it.
-            consumer_id=getattr(config, "consumer_id", None),
+            # Without a registry entry (liveness TTL 0) this process takes no part in the
+            # exporter election and publishes every queue (docs/metrics.md).
+            consumer_id=config.consumer_id if config.consumer_liveness_ttl_seconds > 0 else None,
         )
 
     def _queue(self, q: QueueConfig, ops: QueueProtocol, store: Store) -> QueueRuntime:
@@ -341,7 +341,9 @@ class Consumer:
 
     async def _sweep(self) -> None:
         """Hand every claim this process still holds back to pending
-        (docs/protocol.md#release-and-sweep)."""
+        (docs/protocol.md#release-and-sweep), then remove this consumer's registry entry
+        (docs/protocol.md#consumers): through the heartbeat while it runs, so no renewal
+        can bring the entry back, else directly."""
         self._swept = True
         for q in self.queues:
             held = q.claims.all()
@@ -362,6 +364,15 @@ class Consumer:
                 codes.count(ReleaseCode.RELEASED),
                 len(codes),
             )
+        if self._upkeep.heartbeat_running:
+            self._upkeep.retire()
+            await self._upkeep.retired.wait()
+            return
+        for q in self.queues:
+            try:
+                await q.ops.forget_self()
+            except (StoreUnavailable, StoreError) as exc:
+                log.warning("forget %s: %s; the consumer's entry will lapse", q.name, exc)
 
     # -- the default handler -----------------------------------------------------------------
 

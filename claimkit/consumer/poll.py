@@ -222,7 +222,7 @@ class Poller:
         """Claim ``candidates`` in one call; each claim granted takes a slot from ``slots``.
         Returns the claims with their slots, and the claim codes."""
         stamp = self._clock.now()
-        pairs = [(env, new_token(stamp)) for env in candidates]
+        pairs = [(env, new_token(self._config.consumer_id, now=stamp)) for env in candidates]
         server_now, codes = await q.ops.claim(pairs, self._config.claim_lease_ttl_seconds)
         self._clock.observe(server_now)
         batch: list[tuple[Claim, object]] = []

@@ -127,6 +127,10 @@ class RedisHealth:
 
     Attributes:
         ok: ``None`` until the first call answers or fails.
+        answering_since: ``trio.current_time()`` of the first answer after the start or
+            after the last failure (``None`` until then): how long Redis has been answering
+            without a break, which gates the fast failover
+            (docs/protocol.md#fast-failover).
         fatal: the fatal error, raised by ``Consumer.run`` at the end.
     """
 
@@ -134,6 +138,7 @@ class RedisHealth:
         self, first_wrong: WrongTypeProbe, roles: Mapping[str, KeyRole], stop: Callable[[], None]
     ) -> None:
         self.ok: bool | None = None
+        self.answering_since: float | None = None
         self.fatal: WrongKeyType | StorePermissionError | None = None
         self._first_wrong = first_wrong
         self._roles = roles
@@ -143,6 +148,8 @@ class RedisHealth:
         """Note a Redis call that answered; say so once after an outage."""
         if self.ok is False:
             log.info("claimkit: Redis answers again")
+        if self.ok is not True:
+            self.answering_since = trio.current_time()
         self.ok = True
 
     def note_failure(self, where: str, exc: Exception) -> None:
@@ -150,6 +157,7 @@ class RedisHealth:
         if self.ok is not False or isinstance(exc, StoreError):
             log.warning("%s: %s; retrying with backoff", where, exc)
         self.ok = False
+        self.answering_since = None
 
     async def failed(self, where: str, exc: Exception) -> None:
         """A call of ``where`` failed with ``exc``: stop if it is fatal (:meth:`is_fatal`),

@@ -61,21 +61,66 @@ class Upkeep:
         self._clock = clock
         self._gauges = gauges
         self._consumer_id = consumer_id
+        self._retire = trio.Event()
+        self.retired = trio.Event()
+        """Set once the heartbeat has ended for good after :meth:`retire`."""
+        self.heartbeat_running = False
+
+    def retire(self) -> None:
+        """Ask the heartbeat to end: it forgets this consumer's registry entry on every
+        queue (``forget-consumers``), sets :attr:`retired` and returns. The graceful
+        shutdown calls it after its sweep: doing it from the heartbeat's own task means no
+        renewal can re-create the entry afterwards."""
+        self._retire.set()
 
     # -- heartbeat (docs/protocol.md#heartbeat) ----------------------------------------------
 
     async def heartbeat(self) -> None:
-        """Each ``heartbeat_interval_seconds``, renew every held claim of every queue."""
+        """Register this consumer on every queue (docs/protocol.md#consumers), then each
+        ``heartbeat_interval_seconds`` renew every held claim of every queue together with
+        the consumer's liveness entry, until :meth:`retire` (then forget the entry) or
+        cancellation. A queue whose registration failed is registered again next tick."""
         interval = self._config.heartbeat_interval_seconds
-        while True:
-            await trio.sleep(interval)
-            for q in self._queues:
-                try:
-                    await self.renew(q)
-                except (StoreUnavailable, StoreError) as exc:
-                    await self._health.failed(
-                        f"heartbeat {q.name} (claims are renewed once it answers)", exc
-                    )
+        self.heartbeat_running = True
+        try:
+            unregistered = list(self._queues)
+            while True:
+                unregistered = [q for q in unregistered if not await self._register(q)]
+                with trio.move_on_after(interval):
+                    await self._retire.wait()
+                if self._retire.is_set():
+                    await self._forget_all()
+                    return
+                for q in self._queues:
+                    try:
+                        await self.renew(q)
+                    except (StoreUnavailable, StoreError) as exc:
+                        await self._health.failed(
+                            f"heartbeat {q.name} (claims are renewed once it answers)", exc
+                        )
+        finally:
+            self.heartbeat_running = False
+            self.retired.set()
+
+    async def _register(self, q: QueueRuntime) -> bool:
+        try:
+            server_now = await q.ops.register()
+        except (StoreUnavailable, StoreError) as exc:
+            await self._health.failed(f"register {q.name} (registered once it answers)", exc)
+            return False
+        if server_now is not None:
+            self._health.answered()
+            self._clock.observe(server_now)
+        return True
+
+    async def _forget_all(self) -> None:
+        """Remove this consumer's registry entry on every queue; a failure is logged (the
+        entry then lapses and shows dead until forgotten, docs/operations.md#consumers)."""
+        for q in self._queues:
+            try:
+                await q.ops.forget_self()
+            except (StoreUnavailable, StoreError) as exc:
+                log.warning("forget %s: %s; the consumer's entry will lapse", q.name, exc)
 
     async def renew(self, q: QueueRuntime) -> None:
         """Renew ``q``'s held claims in one round trip; a claim found taken over (-1) or
@@ -84,7 +129,7 @@ class Upkeep:
         the ack counts it): an ack across slots has moved it into the outbox before it
         answers (docs/topology.md#acks-across-slots), so the renew finds no claim."""
         held = q.claims.all()
-        if not held:
+        if not held and self._config.consumer_liveness_ttl_seconds <= 0:
             return
         server_now, codes = await q.ops.renew(
             [(c.env.id, c.token, c.env.deadline) for c in held],
@@ -106,15 +151,37 @@ class Upkeep:
     # -- reclaim (docs/protocol.md#reclaim) --------------------------------------------------
 
     async def reclaimer(self) -> None:
-        """Each ``claim_reclaim_interval_ms``, a full reclaim run on every queue."""
+        """Each ``claim_reclaim_interval_ms``, a full reclaim run on every queue, preceded by
+        the fast failover (docs/protocol.md#fast-failover) once Redis has answered for one
+        liveness TTL (:meth:`may_expire_owners`)."""
         interval = self._config.claim_reclaim_interval_ms / 1000
         while True:
             for q in self._queues:
                 await self._reclaim(q)
             await trio.sleep(interval)
 
+    def may_expire_owners(self) -> bool:
+        """Whether the fast failover may run now: the registry is on and Redis has answered
+        this process for at least ``consumer_liveness_ttl_seconds`` without an outage in
+        between (:attr:`RedisHealth.answering_since`). Right after an outage every
+        consumer's entry may have lapsed for want of Redis, not because it died; one TTL
+        later every live one has renewed (docs/protocol.md#fast-failover)."""
+        ttl = self._config.consumer_liveness_ttl_seconds
+        since = self._health.answering_since
+        return ttl > 0 and since is not None and trio.current_time() - since >= ttl
+
     async def _reclaim(self, q: QueueRuntime) -> None:
         try:
+            if self.may_expire_owners():
+                server_now, cut = await q.ops.expire_owners()
+                self._clock.observe(server_now)
+                if cut:
+                    log.warning(
+                        "reclaim %s: %d claims of dead consumers handed on "
+                        "(their liveness entries lapsed)",
+                        q.name,
+                        cut,
+                    )
             counts = await q.ops.reclaim(self._config.max_deliveries)
         except (StoreUnavailable, StoreError) as exc:
             if not await self._health.is_fatal(exc):
@@ -135,6 +202,7 @@ class Upkeep:
                 counts.ghosts,
                 counts.leases_restored,
             )
+        self._health.answered()
         q.claims.count_reclaimed(counts)
 
     # -- retry mover (docs/protocol.md#retry-mover) ------------------------------------------

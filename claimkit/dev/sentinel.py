@@ -362,24 +362,13 @@ class SentinelGroup:
         failover, to whichever server is by then a healthy replica: an old primary that
         :meth:`rejoin` has just brought back.
         """
-        want = f"{HOST}:{self.primary.port}"
         epochs: dict[int, str] = {}
         for sentinel in (s for s in self.sentinels if s.running):
             where = f"sentinel on port {sentinel.port}"
-            try:
-                master, peers = _call(
-                    sentinel.port,
-                    [
-                        ["SENTINEL", "MASTER", self.master_name],
-                        ["SENTINEL", "SENTINELS", self.master_name],
-                    ],
-                    _CALL_TIMEOUT,
-                )
-            except OSError as exc:
-                return f"{where} does not answer: {exc}"
-            fields = _pairs(master)
-            if f"{fields.get('ip')}:{fields.get('port')}" != want:
-                return f"{where} does not name port {self.primary.port} as the primary"
+            view = self._primary_view(sentinel, "SENTINELS")
+            if isinstance(view, str):
+                return view
+            fields, peers = view
             flags = set(fields.get("flags", "").split(","))
             if flags & {"s_down", "o_down", "failover_in_progress"} or (
                 quiet and flags != {"master"}
@@ -399,6 +388,29 @@ class SentinelGroup:
         if len(set(epochs.values())) > 1:
             return f"the sentinels' config epochs differ: {epochs}"
         return ""
+
+    def _primary_view(
+        self, sentinel: RedisServer, listing: str
+    ) -> tuple[dict[str, str], Any] | str:
+        """``sentinel``'s view of the monitored primary: its ``SENTINEL MASTER`` fields and
+        its reply to ``SENTINEL <listing>`` (``SENTINELS`` or ``REPLICAS``), asked in one
+        round trip; or why not: the sentinel does not answer, or names another primary."""
+        where = f"sentinel on port {sentinel.port}"
+        try:
+            master, listed = _call(
+                sentinel.port,
+                [
+                    ["SENTINEL", "MASTER", self.master_name],
+                    ["SENTINEL", listing, self.master_name],
+                ],
+                _CALL_TIMEOUT,
+            )
+        except OSError as exc:
+            return f"{where} does not answer: {exc}"
+        fields = _pairs(master)
+        if f"{fields.get('ip')}:{fields.get('port')}" != f"{HOST}:{self.primary.port}":
+            return f"{where} does not name port {self.primary.port} as the primary"
+        return fields, listed
 
     def _replication_missing(self) -> str:
         primary = self.primary
@@ -431,24 +443,13 @@ class SentinelGroup:
         """What keeps the sentinels from being ready; empty when they are. Every running
         replica must be listed as ``slave`` (not down) and, with ``link_known``, with its
         link ``ok`` (which a sentinel learns from ``INFO``, every 10 s for a replica)."""
-        want = f"{HOST}:{self.primary.port}"
         running = [s for s in self.sentinels if s.running]
         for sentinel in running:
-            try:
-                master, replicas = _call(
-                    sentinel.port,
-                    [
-                        ["SENTINEL", "MASTER", self.master_name],
-                        ["SENTINEL", "REPLICAS", self.master_name],
-                    ],
-                    _CALL_TIMEOUT,
-                )
-            except OSError as exc:
-                return f"sentinel on port {sentinel.port} does not answer: {exc}"
-            fields = _pairs(master)
             where = f"sentinel on port {sentinel.port}"
-            if f"{fields.get('ip')}:{fields.get('port')}" != want:
-                return f"{where} does not name port {self.primary.port} as the primary"
+            view = self._primary_view(sentinel, "REPLICAS")
+            if isinstance(view, str):
+                return view
+            fields, replicas = view
             if fields.get("flags") != "master":
                 return f"{where} flags the primary {fields.get('flags')!r}"
             if fields.get("num-other-sentinels") != str(len(running) - 1):

@@ -63,13 +63,17 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
 _RESULT_SCRIPTS = ("result-receive", "result-renew", "result-ack", "result-pop")
 _SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple(
-        "claim ack renew release reclaim park move-retries dead-letter queue-stats".split()
+        "claim ack renew release reclaim park move-retries dead-letter register "
+        "expire-owners forget-consumers queue-stats".split()
     ),
     "producer": ("submit", *_RESULT_SCRIPTS),
     "operator": (
         "inspect",
         "release",
         "reclaim",
+        "expire-owners",
+        "consumers",
+        "forget-consumers",
         "queue-stats",
         "requeue-dead",
         "result-inspect",
@@ -94,12 +98,13 @@ _CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
 _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple(
         "claim cancelled renew ack-local ack-outbox push-result outbox-aim park release "
-        "reclaim-cluster move-retries-queue dead-letter-outbox queue-stats".split()
+        "reclaim-cluster move-retries-queue dead-letter-outbox register expire-owners "
+        "forget-consumers queue-stats".split()
     ),
     "producer": ("enqueue", *_RESULT_SCRIPTS),
     "operator": (
         *"inspect release reclaim-cluster push-result outbox-aim requeue-dead drop-markers".split(),
-        "queue-stats",
+        *"expire-owners consumers forget-consumers queue-stats".split(),
         "result-inspect",
         *_RESULT_SCRIPTS,
     ),

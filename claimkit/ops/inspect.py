@@ -17,15 +17,17 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from claimkit.config import WrongKeyType
+from claimkit.ops.consumers import consumers_view
 from claimkit.protocol import keys as _keys
 from claimkit.protocol.models import retry_queue_name
 from claimkit.protocol.operator import OperatorScripts, cluster_layout
-from claimkit.protocol.ops import first_wrong_type, token_time
+from claimkit.protocol.ops import first_wrong_type, token_consumer, token_time
 from claimkit.protocol.pause import PauseMark, parse_pause
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, MutableMapping, Sequence
 
+    from claimkit.ops.consumers import ConsumersView
     from claimkit.store import Store
 
 __all__ = [
@@ -106,6 +108,9 @@ class ClaimRow:
             caller's ``first_seen`` tracker (``--watch``) has seen the same id and token
             held, a lower bound.
         held_exact: ``held_seconds`` comes from the token's claim time, not a lower bound.
+        consumer: the consumer the owner token names (docs/protocol.md#ownership-tokens),
+            ``None`` when it names none (a token from before consumer ids, another
+            program's, or no owner).
     """
 
     id: str
@@ -117,6 +122,7 @@ class ClaimRow:
     has_payload: bool
     held_seconds: float | None = None
     held_exact: bool = False
+    consumer: str | None = None
 
     @property
     def expired(self) -> bool:
@@ -133,6 +139,7 @@ class ClaimRow:
         return {
             "id": self.id,
             "owner": self.owner,
+            "consumer": self.consumer,
             "lease_expiry": json_float(self.lease_expiry),
             "lease_left_seconds": json_float(round(self.lease_left, 6)),
             "expired": self.expired,
@@ -181,6 +188,8 @@ class QueueSnapshot:
             which has no outbox.
         paused: the queue's pause mark (``<q>:paused``, docs/protocol.md#pause), read
             with the retry set; ``None`` when it is not paused.
+        consumers: the per-consumer summary (docs/operations.md#consumers): who holds the
+            claims, alive or dead, read by the registry script; ``None`` when not read.
     """
 
     queue: str
@@ -203,6 +212,7 @@ class QueueSnapshot:
     claims_exact: bool = True
     outbox: int | None = None
     paused: PauseMark | None = None
+    consumers: ConsumersView | None = None
 
     @property
     def result_count(self) -> int:
@@ -250,6 +260,10 @@ class QueueSnapshot:
                 "claims": [row.to_json() for row in self.claims],
             }
         )
+        if self.consumers is not None:
+            doc["consumers"] = [
+                row.to_json(self.consumers.server_time) for row in self.consumers.rows
+            ]
         return doc
 
 
@@ -294,11 +308,12 @@ async def snapshot(
 ) -> QueueSnapshot:
     """Read one queue's state without changing it (``claimkit inspect``, docs/cli.md).
 
-    Two round trips: the read-only ``inspect`` script for the queue's own keys
+    Three round trips: the read-only ``inspect`` script for the queue's own keys
     (docs/protocol.md#keys; one consistent instant), then one pipeline for the retry set,
     the result lists and the pause key (a ``MULTI``; on a Redis Cluster, whose keys here
     span slots, a plain pipeline that also reads the queue's outbox,
-    docs/topology.md#cluster-key-layout).
+    docs/topology.md#cluster-key-layout), then the read-only consumer registry script
+    (:func:`claimkit.ops.consumers.consumers_view`).
 
     Args:
         store: an open store; its mode picks the key layout (:func:`cluster_layout`).
@@ -343,6 +358,7 @@ async def snapshot(
                 # The stamp is the consumer's estimate of the server clock: never negative.
                 held_seconds=None if claimed_at is None else max(0.0, now - claimed_at),
                 held_exact=claimed_at is not None,
+                consumer=None if claim.owner is None else token_consumer(claim.owner),
             )
         )
     if first_seen is not None:
@@ -364,6 +380,7 @@ async def snapshot(
     retrying = sum(1 for member in extra[1] if retry_queue_name(member) == queue)
     list_lengths = extra[2 : 2 + len(lists)]
     paused = parse_pause(extra[2 + len(lists)])
+    consumers = await consumers_view(store, queue)
     return QueueSnapshot(
         queue=queue,
         server_time=now,
@@ -385,6 +402,7 @@ async def snapshot(
         claims_exact=found.claims_exact,
         outbox=None if keys.outbox is None else int(extra[-1]),
         paused=paused,
+        consumers=consumers,
     )
 
 

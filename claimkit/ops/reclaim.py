@@ -22,6 +22,14 @@ async def reclaim_all(store: Store, config: Config) -> dict[str, ReclaimCounts]:
     full scans until none is left; returns the counts by queue name, in config order. On a
     Redis Cluster each queue's run ends by finishing its outbox (``replayed``).
 
+    Unless the consumer registry is off (``consumer_liveness_ttl_seconds`` = 0), each
+    queue's run starts with the fast failover (docs/protocol.md#fast-failover): the claims
+    of consumers whose liveness entry lapsed get their lease cut to now, so this run
+    redelivers them too (counted in ``redelivered``). A one-shot run cannot tell whether
+    Redis was just away (consumers then could not renew); a claim it hands on from a live
+    consumer is fenced: that consumer's heartbeat drops it and cancels its work, and at
+    most one record is written (docs/operations.md#consumers).
+
     Every queue's key types are checked before any script runs, in the store's key layout
     (on a Redis Cluster the queue's outbox and retry sets too,
     docs/topology.md#cluster-key-layout).
@@ -42,6 +50,8 @@ async def reclaim_all(store: Store, config: Config) -> dict[str, ReclaimCounts]:
     out: dict[str, ReclaimCounts] = {}
     for q in config.queues:
         ops = config.ops_for(store, q)
+        if config.consumer_liveness_ttl_seconds > 0:
+            await ops.expire_owners()
         out[q.queue_name] = await ops.reclaim(config.max_deliveries, full_scan=True)
     return out
 

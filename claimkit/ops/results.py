@@ -10,6 +10,9 @@ a Redis restart. Nothing here prints: records go to ``handle``, status lines to
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from typing import TYPE_CHECKING
 
 import trio
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from claimkit.store import Store
 
 __all__ = [
+    "COMMAND_KILL_AFTER",
     "FOLLOW_RETRY_FIRST",
     "FOLLOW_RETRY_MAX",
     "follow_results",
@@ -145,17 +149,43 @@ async def follow_results(
 
 async def run_command(command: str, raw: bytes) -> int:
     """Run ``command`` through ``/bin/sh -c`` with ``raw`` (a record's exact JSON) on its
-    standard input; its standard output and error are this process's. Returns its exit
-    status (negative: killed by that signal).
+    standard input, in a process group of its own; its standard output and error are this
+    process's. Returns its exit status (negative: killed by that signal).
 
     Raises:
         OSError: the shell could not be started.
 
-    Cancellation: the command is sent SIGTERM, and SIGKILL if it has not exited 5 s later
-    (trio's ``run_process``).
+    Cancellation (Ctrl-C): the command's whole process group (the shell and whatever it
+    started) is sent SIGTERM, and SIGKILL if the shell has not exited
+    :data:`COMMAND_KILL_AFTER` seconds later; the cancellation waits for the shell to exit
+    (docs/results.md#ctrl-c-and---exec).
     """
-    done = await trio.run_process(command, shell=True, stdin=raw, check=False)
+    done = await trio.run_process(
+        command,
+        shell=True,
+        stdin=raw,
+        check=False,
+        process_group=0,
+        deliver_cancel=_stop_group,
+    )
     return done.returncode
+
+
+COMMAND_KILL_AFTER = 5.0
+"""Seconds a cancelled ``--exec`` command has between SIGTERM and SIGKILL."""
+
+
+async def _stop_group(process: trio.Process) -> None:
+    """SIGTERM to ``process``'s group, SIGKILL :data:`COMMAND_KILL_AFTER` seconds later
+    (cancelled by trio as soon as the shell exits)."""
+    _signal_group(process.pid, signal.SIGTERM)
+    await trio.sleep(COMMAND_KILL_AFTER)
+    _signal_group(process.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 async def reader_counts(store: Store, name: str) -> ResultListCounts | None:

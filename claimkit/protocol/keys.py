@@ -49,9 +49,12 @@ RETRY_SET_TYPE = "zset"
 PAUSED_TYPE = "string"
 """The Redis ``TYPE`` of a queue's pause key ``<q>:paused`` (docs/protocol.md#pause)."""
 
-
 CONSUMERS_TYPE = "zset"
-"""The Redis ``TYPE`` of a queue's consumer registry ``<q>:consumers``."""
+"""The Redis ``TYPE`` of a queue's consumer registry ``<q>:consumers``
+(docs/protocol.md#consumers)."""
+
+CONSUMER_INFO_TYPE = "hash"
+"""The Redis ``TYPE`` of a queue's ``<q>:consumer-info`` (docs/protocol.md#consumers)."""
 
 
 def _as_bytes(key: str | bytes) -> bytes:
@@ -129,11 +132,13 @@ class QueueKeys:
             ``{"since": <Unix seconds, server clock>, "reason": <text or null>}`` plus
             ``"until"`` when it resumes by itself (docs/protocol.md#pause). Consumers claim
             nothing new from the queue while it exists, whatever it holds.
-        consumers: ZSET of the consumers serving the queue: member = consumer id, score =
-            its liveness expiry (Unix seconds, Redis server clock); a consumer whose score
-            is at or after the server's now is alive (docs/metrics.md#queue-wide-gauges).
-        consumer_info: HASH of what each registered consumer says about itself, by
-            consumer id.
+        consumers: ZSET, the consumer registry (docs/protocol.md#consumers): member a
+            consumer id, score its liveness expiry (Unix seconds, Redis server clock,
+            float), renewed by its heartbeat. A consumer whose claims a reclaimer already
+            handed on keeps its entry with the score negated (``-expiry``) until it is
+            forgotten.
+        consumer_info: HASH consumer id -> JSON ``{"host", "pid", "started" (Unix seconds,
+            server clock), "version"}`` (docs/protocol.md#consumers).
         retry_set: the retry ZSET this queue parks into (docs/protocol.md#park-for-retry):
             standalone, the shared ``retry_queue_name``; cluster, the queue's own
             ``{q}:<retry_queue_name>``.
@@ -166,7 +171,7 @@ class QueueKeys:
         ("dead", "zset", "dead set"),
         ("paused", PAUSED_TYPE, "pause key"),
         ("consumers", CONSUMERS_TYPE, "consumer registry"),
-        ("consumer_info", "hash", "consumer info hash"),
+        ("consumer_info", CONSUMER_INFO_TYPE, "consumer-info hash"),
     )
     """The one table of what each per-queue key holds (docs/protocol.md#keys):
     ``(attribute, Redis TYPE name, what the key is in one-line errors)``, in key order."""

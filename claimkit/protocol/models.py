@@ -426,8 +426,8 @@ def payload_ref_problem(request_id: str, request_token: str, ref: str) -> str | 
     if ref != expected:
         shown = ref if len(ref) <= 200 else ref[:200] + "..."
         return (
-            f"Failed: invalid request: internal.payload_ref must be {expected!r} "
-            f"(the key of this request's id and request_token), got {shown!r}"
+            f"Failed: invalid request: internal.payload_ref must be {expected} "
+            f"(the key of this request's id and request_token), got {shown}"
         )
     return None
 

@@ -22,8 +22,10 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from claimkit.protocol import consumers as _consumers
 from claimkit.protocol import keys as _keys
 from claimkit.protocol import outbox as _outbox
+from claimkit.protocol.consumers import ConsumerIdentity as ConsumerIdentity
 from claimkit.protocol.models import Envelope, ErrorCode, Invalid, TerminalRecord
 from claimkit.protocol.pause import PauseMark, parse_pause
 from claimkit.protocol.replies import ClaimCode as ClaimCode
@@ -42,6 +44,7 @@ from claimkit.protocol.store_calls import chunks as _chunks
 from claimkit.protocol.store_calls import first_wrong_type as first_wrong_type
 from claimkit.protocol.store_calls import move_retries as move_retries
 from claimkit.protocol.tokens import new_token as new_token
+from claimkit.protocol.tokens import token_consumer as token_consumer
 from claimkit.protocol.tokens import token_time as token_time
 from claimkit.store import StoreError, StoreUnavailable
 from claimkit.store.scripts import script
@@ -57,6 +60,7 @@ __all__ = [
     "RENEW_CHUNK",
     "AckItem",
     "ClaimCode",
+    "ConsumerIdentity",
     "MoveCode",
     "ParkCode",
     "QueueOps",
@@ -69,13 +73,14 @@ __all__ = [
     "move_retries",
     "new_token",
     "orphans_message",
+    "token_consumer",
     "token_time",
 ]
 
 _log = logging.getLogger("claimkit")
 
 RENEW_CHUNK = 1000
-"""Claims per renew script call. ``lua/renew-2.lua`` costs ~3.5-5 us of Redis time per claim
+"""Claims per renew script call. ``lua/renew-4.lua`` costs ~3.5-5 us of Redis time per claim
 (half of it is only Redis building the script's ARGV), so 1000 claims stay near ~5 ms. A tick
 for 10k held claims is 10 such calls sent in one round trip (docs/performance.md,
 "Heartbeat")."""
@@ -148,6 +153,10 @@ class QueueOps:
             (docs/protocol.md#retry-mover); on a cluster the queue's own
             ``{q}:<retry_queue_name>`` is used instead (:attr:`retry_set` says which).
             :meth:`move_retries` drains it.
+        consumer: the consumer this protocol layer renews the liveness of
+            (docs/protocol.md#consumers): :meth:`register`, every :meth:`renew` and
+            :meth:`forget_self` write its registry entry. ``None``: no registry entry (the
+            registry is off, or the caller is not a consumer: ``claimkit reclaim``).
         _after_outbox_step: tests only: awaited with 1 after step 1 of an ack across slots
             (the records are in the outbox) and with 2 after step 2 (pushed, fields not
             yet deleted), so a test can stop the ack between steps as a crash would.
@@ -171,9 +180,11 @@ class QueueOps:
         dedup_ttl: int = _keys.DEFAULT_DEDUP_TTL_SECONDS,
         lease_ttl: float = _keys.DEFAULT_LEASE_TTL_SECONDS,
         retry_set: str = _keys.DEFAULT_RETRY_SET,
+        consumer: ConsumerIdentity | None = None,
         _after_outbox_step: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
+        self.consumer = consumer
         self.cluster = _keys.cluster_layout(store)
         self.queue = queue
         self.keys = _keys.QueueKeys.for_queue(queue, cluster=self.cluster, retry_set=retry_set)
@@ -454,11 +465,14 @@ class QueueOps:
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
     ) -> tuple[float, list[RenewCode]]:
-        """Renew ``(id, token, deadline)`` claims, fenced by token (docs/protocol.md#heartbeat).
+        """Renew ``(id, token, deadline)`` claims, fenced by token, and this consumer's
+        liveness entry (docs/protocol.md#heartbeat, docs/protocol.md#consumers).
 
-        One round trip: a pipeline of one ``lua/renew-2.lua`` call per :data:`RENEW_CHUNK`
-        claims, so no single script holds Redis for long. Renewing is idempotent, so a call
-        that fails part-way is simply made again on the next tick.
+        One round trip: a pipeline of one ``lua/renew-4.lua`` call per :data:`RENEW_CHUNK`
+        claims, so no single script holds Redis for long; the first call also renews the
+        liveness entry of :attr:`consumer` (server_now + its liveness TTL), and with no
+        claims that call is made alone. Renewing is idempotent, so a call that fails
+        part-way is simply made again on the next tick.
 
         Args:
             claims: ``(id, token, deadline)``; ``deadline`` in Unix seconds.
@@ -467,15 +481,18 @@ class QueueOps:
                 never less than ``now + min(lease_ttl, 30)``, on the server clock.
 
         Returns:
-            ``(server_now, codes)``: Unix seconds at the last call, and one
-            :class:`RenewCode` per claim.
+            ``(server_now, codes)``: Unix seconds at the last call (0.0 when nothing was
+            sent: no claims and no consumer), and one :class:`RenewCode` per claim.
         """
-        if not claims:
+        if not claims and self.consumer is None:
             return 0.0, []
-        keys = [self.keys.owners, self.keys.index]
+        k = self.keys
+        keys = [k.owners, k.index, k.consumers, k.consumer_info]
+        idle: list[Arg] = ["", "", "", "", ""]
+        liveness = idle if self.consumer is None else self.consumer.args()
         calls: list[tuple[list[str], list[Arg]]] = []
-        for chunk in _chunks(claims, RENEW_CHUNK):
-            args: list[Arg] = [repr(float(lease_ttl))]
+        for chunk in _chunks(claims, RENEW_CHUNK) if claims else [()]:
+            args: list[Arg] = [repr(float(lease_ttl)), *(idle if calls else liveness)]
             for rid, token, deadline in chunk:
                 args += [rid, token, deadline]
             calls.append((keys, args))
@@ -485,6 +502,35 @@ class QueueOps:
             now = float(reply[0])
             codes += [RenewCode(_int(v)) for v in reply[1:]]
         return now, codes
+
+    # -- the consumer registry (docs/protocol.md#consumers) ------------------------------------
+
+    async def register(self) -> float | None:
+        """Enter :attr:`consumer` in this queue's registry (``lua/register-2.lua``) as it
+        starts; returns the server time (Unix seconds), or ``None`` without a consumer
+        (nothing sent)."""
+        if self.consumer is None:
+            return None
+        return await _consumers.register(self.store, self.keys, self.consumer)
+
+    async def forget_self(self) -> bool:
+        """Remove :attr:`consumer`'s registry entry (``lua/forget-consumers-2.lua``), as a
+        graceful shutdown does after its sweep; whether an entry was removed (``False``
+        without a consumer: nothing sent)."""
+        if self.consumer is None:
+            return False
+        gone = await _consumers.forget_consumers(
+            self.store, self.keys, [self.consumer.id], dead_only=False
+        )
+        return bool(gone)
+
+    async def expire_owners(self) -> tuple[float, int]:
+        """Fast failover (docs/protocol.md#fast-failover): cut to now the leases of the
+        claims of every consumer of this queue whose liveness lapsed, so the next reclaim
+        redelivers them (:func:`claimkit.protocol.consumers.expire_owners`). Returns
+        ``(server_now, leases cut)``. Call it only once Redis has answered for a liveness
+        TTL."""
+        return await _consumers.expire_owners(self.store, self.keys)
 
     # -- ack (docs/protocol.md#ack) ------------------------------------------------------------
 
@@ -848,11 +894,13 @@ class QueueProtocol(Protocol):
     (the retry set :meth:`move_retries` drains: queues with the same one need one mover),
     ``result_list_for``, ``peek``, ``peek_unless_paused`` (the poller's: the peek and the
     pause key in one round trip), ``dead_letter``, ``claim``, ``fetch_payloads``,
-    ``renew``, ``ack``, ``park``, ``release``, ``reclaim``, ``move_retries``, ``backlog``,
-    ``queue_stats`` (the queue-wide gauges' one read), ``first_wrong_type``. Times are
-    Unix seconds on the Redis server clock; each call raises
-    :class:`~claimkit.store.StoreUnavailable` or :class:`~claimkit.store.StoreError` as
-    Redis fails.
+    ``renew`` (the claims and the consumer's liveness entry), ``register``,
+    ``forget_self`` and ``expire_owners`` (the consumer registry,
+    docs/protocol.md#consumers), ``ack``, ``park``, ``release``, ``reclaim``,
+    ``move_retries``, ``backlog``, ``queue_stats`` (the queue-wide gauges' one read),
+    ``first_wrong_type``. Times are Unix seconds on the Redis server clock; each call
+    raises :class:`~claimkit.store.StoreUnavailable` or :class:`~claimkit.store.StoreError`
+    as Redis fails.
     """
 
     @property
@@ -884,6 +932,12 @@ class QueueProtocol(Protocol):
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
     ) -> tuple[float, list[RenewCode]]: ...
+
+    async def register(self) -> float | None: ...
+
+    async def forget_self(self) -> bool: ...
+
+    async def expire_owners(self) -> tuple[float, int]: ...
 
     async def ack(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]: ...
 

@@ -71,7 +71,7 @@ class PushCode(enum.IntEnum):
 
 
 class RenewCode(enum.IntEnum):
-    """Per-claim replies of the renew script (``lua/renew-2.lua``,
+    """Per-claim replies of the renew script (``lua/renew-4.lua``,
     docs/protocol.md#heartbeat)."""
 
     TAKEN = -1

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_RESULT_LEASE_MS",
+    "MAX_RESULT_LEASE_MS",
     "RESULT_BATCH",
     "UNPARSABLE_PREFIX",
     "ResultAckCode",
@@ -40,6 +41,8 @@ __all__ = [
     "ResultListCounts",
     "ResultOwnershipLost",
     "ResultPopRefused",
+    "check_lease_ms",
+    "parse_result",
     "read_results",
     "unparsable_reason",
 ]
@@ -48,6 +51,12 @@ DEFAULT_RESULT_LEASE_MS = 300_000
 """A result lease unless the caller says otherwise: 5 minutes, in milliseconds
 (llm-d-async's default; docs/results.md#lease-and-poll)."""
 
+MAX_RESULT_LEASE_MS = 7 * 24 * 3600 * 1000
+"""The longest result lease: 7 days, in milliseconds (docs/results.md#lease-and-poll). A
+lease is added to the Redis server clock in milliseconds and stored as a sorted-set score;
+far below 2^53, so the scripts hold it exactly, and as long as an acked record's tombstone
+lives: a dead reader's records still come back within a week."""
+
 RESULT_BATCH = 100
 """Per receive call: at most this many expired leases requeued, list elements scanned and
 expired tombstones removed; per ack, expired tombstones removed (llm-d-async's batches)."""
@@ -55,6 +64,34 @@ expired tombstones removed; per ack, expired tombstones removed (llm-d-async's b
 UNPARSABLE_PREFIX = "\0unparsable-result\0"
 """An unparsable record's claim id is this plus the owner token of the receive that met it
 (docs/results.md#unparsable-records)."""
+
+
+def check_lease_ms(lease_ms: int) -> int:
+    """``lease_ms`` when it is a lease the scripts take: a whole number of milliseconds from
+    1 to :data:`MAX_RESULT_LEASE_MS` (7 days).
+
+    Raises:
+        ValueError: anything else (a float, ``inf``, 0, a negative, more than 7 days).
+    """
+    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int):
+        raise ValueError(f"lease_ms must be a whole number of milliseconds, got {lease_ms!r}")
+    if not 1 <= lease_ms <= MAX_RESULT_LEASE_MS:
+        raise ValueError(
+            f"lease_ms must be from 1 to {MAX_RESULT_LEASE_MS} milliseconds (7 days), "
+            f"got {lease_ms}"
+        )
+    return lease_ms
+
+
+def parse_result(raw: bytes) -> tuple[TerminalRecord | None, str | None]:
+    """What a result list's element ``raw`` is: ``(record, None)`` for a terminal record
+    claimkit reads, else ``(None, why)`` (one line, :func:`unparsable_reason`). The one
+    classification of listing (``claimkit results``) and of durable reading (a
+    delivery's :attr:`ResultDelivery.unparsable`; docs/results.md#unparsable-records)."""
+    try:
+        return TerminalRecord.from_json(raw), None
+    except (ValueError, TypeError, RecursionError):
+        return None, unparsable_reason(raw)
 
 
 class ResultDeliveryError(RuntimeError):
@@ -99,10 +136,12 @@ class ResultDelivery:
     Attributes:
         raw: the record's exact bytes, as the publisher pushed them.
         record: the parsed :class:`TerminalRecord`, or ``None`` when the record is
-            unparsable (or not a terminal record claimkit can read).
+            unparsable (:func:`parse_result` refuses it).
         claim_id: the claim's id in the result-claim keys: the record's ``id``, plus NUL and
-            its ``request_token`` when that is a non-empty string; for an unparsable record
-            :data:`UNPARSABLE_PREFIX` + :attr:`owner`.
+            its ``request_token`` when that is a non-empty string; for a record the receive
+            script could not read :data:`UNPARSABLE_PREFIX` + :attr:`owner` (a record it
+            read but claimkit cannot, such as one that is not UTF-8, keeps the id the
+            script gave it).
         owner: the owner token (fencing token) of the receive that claimed it.
         result_list: the list it came from.
         unparsable: ``None`` for a record, else why it cannot be read (one line). An
@@ -138,10 +177,11 @@ class ResultDelivery:
         cid = claim_id if isinstance(claim_id, str) else _text(claim_id)
         if code == -1:
             return cls(raw, None, cid, owner, result_list, unparsable=unparsable_reason(raw))
-        try:
-            record: TerminalRecord | None = TerminalRecord.from_json(raw)
-        except (ValueError, TypeError, RecursionError):
-            record = None
+        # The script read it (Redis's JSON decoder does not check UTF-8); claimkit may not:
+        # a record parse_result refuses is unparsable here too, under the claim id it got.
+        record, why = parse_result(raw)
+        if record is None:
+            return cls(raw, None, cid, owner, result_list, unparsable=why)
         rid, token = _id_and_token(raw)
         return cls(raw, record, cid, owner, result_list, request_token=token, id=rid)
 
@@ -255,15 +295,17 @@ class ResultClaims:
         call, returned with the others).
 
         Raises:
-            ValueError: ``count`` or ``lease_ms`` below 1 (nothing is sent).
+            ValueError: ``count`` below 1, or ``lease_ms`` not a whole number of
+                milliseconds from 1 to :data:`MAX_RESULT_LEASE_MS` (nothing is sent).
             StoreError: ``WRONGTYPE`` (one of the five keys holds another type; nothing
                 written), or another Redis error; StoreUnavailable: Redis unreachable.
 
         Cancellation: a call cancelled after Redis ran the script leaves its records
         leased under a token this reader never learned: they come back after the lease.
         """
-        if count < 1 or lease_ms < 1:
-            raise ValueError(f"count and lease_ms must be at least 1, got {count}, {lease_ms}")
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        check_lease_ms(lease_ms)
         k = self.keys
         while True:
             owner = new_token()
@@ -291,13 +333,13 @@ class ResultClaims:
         (``False``: ownership lost, the lease expired or another owner holds it).
 
         Raises:
-            ValueError: ``lease_ms`` below 1. StoreError, StoreUnavailable: from the store
-            (a lost reply may have renewed some).
+            ValueError: ``lease_ms`` out of range (:func:`check_lease_ms`; nothing sent).
+            StoreError, StoreUnavailable: from the store (a lost reply may have renewed
+            some).
 
         Cancellation: each call renews or not; nothing is lost either way.
         """
-        if lease_ms < 1:
-            raise ValueError(f"lease_ms must be at least 1, got {lease_ms}")
+        check_lease_ms(lease_ms)
         if not deliveries:
             return []
         k = self.keys

@@ -1,0 +1,189 @@
+"""The consumer registry's timing on trio's ``autojump_clock``, through the fake protocol
+(tests/fake_ops.py, checked against the real scripts by tests/test_model.py): when the
+heartbeat renews the liveness entry, when the reclaimer may hand a dead consumer's claims
+on (never within one liveness TTL of Redis answering, after a start or an outage), and that
+a live consumer whose requests are slow keeps its claims (docs/protocol.md#consumers,
+docs/protocol.md#fast-failover). Every time below is trio time; the consumer starts at 0.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+from fake_ops import START, Call, FakeClaim, FakeServer
+from test_consumer_timing import NO_STORE, Blocking, running, submit
+
+from claimkit.config import Config, load_config
+from claimkit.consumer.consumer import Consumer
+from claimkit.protocol.tokens import new_token
+from claimkit.store import StoreUnavailable
+
+Q = "requests"
+FAR = int(START) + 100_000
+TTL = 6.0  # consumer_liveness_ttl_seconds: heartbeats every 2 s
+RECLAIM = 1.0  # claim_reclaim_interval, seconds
+
+
+def make_config(consumer_id: str, **overrides: Any) -> Config:
+    doc: dict[str, Any] = {
+        "url": "redis://127.0.0.1:1",
+        "poll_interval_ms": 1000,
+        "claim_lease_ttl_seconds": 300,
+        "claim_reclaim_interval_ms": int(RECLAIM * 1000),
+        "consumer_liveness_ttl_seconds": TTL,
+        "drain_timeout_seconds": 0.25,
+        "metrics_port": 0,
+        "health_port": 0,
+        "queues": [{"queue_name": Q, "igw_base_url": "http://127.0.0.1:9"}],
+    }
+    doc.update(overrides)
+    return load_config(inline=json.dumps(doc), flags={"consumer_id": consumer_id})
+
+
+def dead_consumers_claim(server: FakeServer, rid: str = "orphaned") -> FakeClaim:
+    """A claim held by consumer ``dead``, whose liveness entry lapsed long ago."""
+    q = server.queue(Q)
+    member = server.submit(Q, rid, FAR)
+    del q.pending[member]
+    claim = FakeClaim(member, float(FAR), new_token("dead", now=START), START + 300)
+    q.claims[rid] = claim
+    q.consumers["dead"] = START - 100.0
+    return claim
+
+
+async def test_the_heartbeat_registers_then_renews_the_liveness_entry_every_third_of_the_ttl(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Registered at 0, then renewed at 2, 4, 6 s (no claims held: the renew carries the
+    liveness alone), each to server time + TTL; the shutdown removes the entry."""
+    server = FakeServer()
+    config = make_config("pod-a")
+    seen: list[float] = []
+
+    async def watch(call: Call) -> None:
+        seen.append(call.at)
+
+    server.hooks["renew"] = watch
+    async with running(server, config, Blocking()) as run:
+        await trio.sleep_until(0.5)
+        assert server.queue(Q).consumers == {"pod-a": START + TTL}
+        assert server.queue(Q).consumer_info["pod-a"]["started"] == START
+        await trio.sleep_until(7)
+        assert server.queue(Q).consumers == {"pod-a": START + 6 + TTL}
+        run.consumer.request_stop()
+    assert [c.at for c in server.log("register")] == [0.0]
+    assert seen == [2.0, 4.0, 6.0]
+    assert server.queue(Q).consumers == {}
+    assert server.queue(Q).consumer_info == {}
+    assert len(server.log("forget_self")) == 1
+
+
+async def test_fast_failover_waits_one_ttl_after_the_start(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The reclaimer runs at 0, 1, 2, ... s, but hands the dead consumer's claim on only
+    from the first run at least one TTL after Redis first answered (0 s): at 6 s. The
+    reclaim of that same run redelivers it, as a delivery."""
+    server = FakeServer()
+    dead_consumers_claim(server)
+    config = make_config("pod-a")
+    async with running(server, config, Blocking()) as run:
+        await trio.sleep_until(TTL + 0.5)
+        run.consumer.request_stop()
+    assert [c.at for c in server.log("expire_owners")] == [TTL]
+    assert [c.at for c in server.log("reclaim")][: int(TTL) + 1] == [float(t) for t in range(7)]
+    q = server.queue(Q)
+    assert q.deliveries == {"orphaned": 1}
+    assert q.consumers["dead"] == -(START - 100.0)  # marked: handed on, kept for the view
+    assert "orphaned" not in q.claims or q.claims["orphaned"].token.startswith("pod-a/")
+
+
+async def test_after_a_redis_outage_fast_failover_waits_one_ttl_more(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Redis away from 3 s to 20 s (longer than the TTL: no live consumer could renew).
+    The failover ran once Redis had answered for a TTL after the start, found nothing; once
+    Redis answers again it runs only a TTL after the first answer, never before."""
+    server = FakeServer()
+    answered: list[float] = []
+
+    async def away(call: Call) -> None:
+        if 3 <= call.at < 20:
+            raise StoreUnavailable("connection refused")
+        if call.at >= 20:
+            answered.append(call.at)
+
+    for op in ("peek", "register", "renew", "reclaim", "expire_owners"):
+        server.hooks[op] = away
+    config = make_config("pod-a")
+    async with running(server, config, Blocking()) as run:
+        await trio.sleep_until(19)
+        dead_consumers_claim(server)  # its entry lapsed during the outage
+        await trio.sleep_until(40)
+        run.consumer.request_stop()
+    back = min(answered)
+    runs = [c.at for c in server.log("expire_owners")]
+    assert all(t < 3 or t >= back + TTL for t in runs), (back, runs)
+    after = [t for t in runs if t >= 20]
+    assert after
+    assert back + TTL <= after[0] < back + TTL + RECLAIM + 1e-9
+    assert server.queue(Q).deliveries == {"orphaned": 1}
+
+
+async def test_a_live_consumer_whose_requests_are_slow_keeps_its_claims(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Consumer ``slow`` takes 60 s per request, ``peer`` reclaims every second: ``slow``
+    renews its liveness every 2 s, so none of its claims is handed on; its requests finish
+    at 60 s and their records are its own (no delivery counted). Meanwhile a dead
+    consumer's claim is handed on by ``peer`` within TTL + one reclaim interval."""
+    server = FakeServer()
+    submit(server, 2, prefix="s")
+    slow_config = make_config("slow", batch_size=2)
+    peer_config = make_config("peer")
+    slow = Blocking(finish_at={"s0": 60.0, "s1": 60.0})
+    peer_handler = Blocking()
+    async with running(server, slow_config, slow) as run:
+        await trio.sleep_until(0.5)
+        assert sorted(server.queue(Q).claims) == ["s0", "s1"]
+        dead_consumers_claim(server)
+        peer = Consumer(
+            peer_config, NO_STORE, handler=peer_handler, ops_factory=server.factory(peer_config)
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(peer.run)
+            await trio.sleep_until(70)
+            peer.request_stop()
+        run.consumer.request_stop()
+    assert slow.cancelled == {}
+    assert (run.summary.taken_over, run.summary.released_elsewhere) == (0, 0)
+    assert (peer.summary.taken_over, peer.summary.released_elsewhere) == (0, 0)
+    assert sorted(r["id"] for r in server.records()) == ["s0", "s1"]
+    q = server.queue(Q)
+    # Only the dead consumer's claim was handed on (a delivery), by slow's reclaimer at
+    # 6 s (a TTL after its start), and claimed again by the next poll; swept at the end.
+    assert q.deliveries == {"orphaned": 1}
+    started = {**slow.started, **peer_handler.started}
+    assert TTL <= started["orphaned"] <= TTL + RECLAIM + 1e-9
+    assert [json.loads(m)["data"]["id"] for m in q.pending] == ["orphaned"]
+    assert q.consumers == {"dead": -(START - 100.0)}  # both live ones left at shutdown
+
+
+@pytest.mark.parametrize("ttl", [0])
+async def test_with_the_registry_off_nothing_is_registered_or_expired(
+    autojump_clock: trio.testing.MockClock, ttl: float
+) -> None:
+    server = FakeServer()
+    dead_consumers_claim(server)
+    config = make_config("pod-a", consumer_liveness_ttl_seconds=ttl)
+    async with running(server, config, Blocking()) as run:
+        await trio.sleep_until(30)
+        run.consumer.request_stop()
+    assert server.log("register") == []
+    assert server.log("expire_owners") == []
+    assert server.log("renew") == []  # no claims held, no liveness to renew
+    assert server.queue(Q).consumers == {"dead": START - 100.0}
+    assert "orphaned" in server.queue(Q).claims  # waits out its lease (300 s)

@@ -1,0 +1,187 @@
+"""``claimkit consumers`` and ``serve --consumer-id`` on the command line (docs/cli.md,
+docs/operations.md#consumers): the table and the JSON document of a queue with a live, a
+dead, a handed-on and an unregistered consumer, ``--forget-dead``, and bad ids as one
+line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from support import config_json, invoke, member, one_line_error, redis, server_now
+
+from claimkit.protocol.consumers import ConsumerIdentity
+from claimkit.protocol.models import Envelope, parse_member
+from claimkit.protocol.ops import QueueOps
+from claimkit.protocol.tokens import new_token
+
+if TYPE_CHECKING:
+    from claimkit.store import Store
+
+Q = "requests"
+FAR = 4_000_000_000
+
+
+async def seed(store: Store) -> float:
+    """``live`` (2 claims, one 42 s old), ``dead`` (lapsed 5 s ago, 1 claim), ``gone``
+    (handed on: score negated), ``ghost-7`` (a claim, no entry) and one bare-hex claim."""
+    now = await server_now(store)
+    plain = QueueOps(store, Q)
+    for cid, ttl in (("live", 60.0), ("dead", 10.0), ("gone", 10.0)):
+        await QueueOps(
+            store, Q, consumer=ConsumerIdentity(cid, ttl, "node-1", 7, "0.1.0")
+        ).register()
+    await store.command(
+        "ZADD", plain.keys.consumers, "XX", f"{now - 5:.6f}", "dead", f"{-(now - 50):.6f}", "gone"
+    )
+    owners = {
+        "l1": new_token("live", now=now - 42),
+        "l2": new_token("live", now=now - 1),
+        "d1": new_token("dead", now=now - 20),
+        "g1": new_token("ghost-7", now=now - 3),
+        "o1": new_token(now=now - 9),
+    }
+    for rid, token in owners.items():
+        env = parse_member(member(rid, FAR))
+        assert isinstance(env, Envelope)
+        await store.command("ZADD", Q, FAR, env.raw)
+        _, codes = await plain.claim([(env, token)], 300)
+        assert codes == [1]
+    return now
+
+
+def rows_of(stdout: str) -> dict[str, str]:
+    return {
+        line.split("│")[1].strip(): line for line in stdout.splitlines() if line.startswith("│")
+    }
+
+
+def test_consumers_lists_each_consumer_with_its_state_and_claims(redis_url: str) -> None:
+    now = redis(redis_url, seed)
+    result = invoke(["consumers", "-q", Q, "--json"], redis_url)
+    assert result.exit_code == 0, result.output
+    (view,) = json.loads(result.stdout)["queues"]
+    assert view["queue"] == Q
+    assert view["exact"] is True
+    t = view["server_time"]
+    got = {row["consumer"]: row for row in view["consumers"]}
+    assert list(got) == ["gone", "dead", "live", "ghost-7", None]  # by expiry, then the rest
+    summary = {
+        cid: (row["state"], row["alive"], row["claims"], row["host"], row["pid"])
+        for cid, row in got.items()
+    }
+    assert summary == {
+        "gone": ("dead, claims handed on", False, 0, "node-1", 7),
+        "dead": ("dead", False, 1, "node-1", 7),
+        "live": ("alive", True, 2, "node-1", 7),
+        "ghost-7": ("unregistered", False, 1, None, None),
+        None: ("unregistered", False, 1, None, None),
+    }
+    assert got["dead"]["expires"] == pytest.approx(now - 5, abs=1e-3)
+    assert got["dead"]["expires_in_seconds"] == pytest.approx(now - 5 - t, abs=1e-3)
+    assert got["gone"]["expires"] == pytest.approx(now - 50, abs=1e-3)
+    assert got["live"]["oldest_claim_age_seconds"] == pytest.approx(t - (now - 42), abs=0.01)
+    assert got[None]["oldest_claim_age_seconds"] == pytest.approx(t - (now - 9), abs=0.01)
+    assert got["live"]["version"] == "0.1.0"
+    assert got["ghost-7"]["expires"] is None
+
+    text = invoke(["consumers", "-q", Q], redis_url)
+    assert text.exit_code == 0, text.output
+    assert f"queue {Q}" in text.stdout
+    assert "alive 1  dead 2" in text.stdout
+    rows = rows_of(text.stdout)
+    assert set(rows) == {"gone", "dead", "live", "ghost-7", "unknown"}
+    assert "dead, claims handed on" in rows["gone"]
+    assert " ago " in rows["dead"]
+    assert "alive" in rows["live"]
+    assert "in 5" in rows["live"]  # its entry expires in ~59 s
+    assert "42." in rows["live"]  # its oldest claim is 42 s old
+    assert "unregistered" in rows["ghost-7"]
+
+
+def test_forget_dead_removes_the_dead_entries_only(redis_url: str) -> None:
+    redis(redis_url, seed)
+    result = invoke(["consumers", "-q", Q, "--forget-dead", "--json"], redis_url)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert {q: sorted(ids) for q, ids in doc["forgotten"].items()} == {Q: ["dead", "gone"]}
+    got = {row["consumer"]: row["state"] for row in doc["queues"][0]["consumers"]}
+    # "dead" still holds a claim, so it stays listed, now without an entry.
+    assert got == {
+        "live": "alive",
+        "dead": "unregistered",
+        "ghost-7": "unregistered",
+        None: "unregistered",
+    }
+
+    async def entries(store: Store) -> tuple[Any, Any]:
+        return (
+            await store.command("ZRANGE", f"{Q}:consumers", 0, -1),
+            await store.command("HKEYS", f"{Q}:consumer-info"),
+        )
+
+    assert redis(redis_url, entries) == ([b"live"], [b"live"])
+    text = invoke(["consumers", "-q", Q, "--forget-dead"], redis_url)
+    assert "forgot 0 dead consumers" in text.stdout
+
+
+def test_consumers_reads_every_configured_queue(redis_url: str) -> None:
+    redis(redis_url, seed)
+    transport = config_json(
+        redis_url,
+        queues=[
+            {"queue_name": Q, "igw_base_url": "http://h:1"},
+            {"queue_name": "other", "igw_base_url": "http://h:1"},
+        ],
+    )
+    result = invoke(["consumers", "--json", "--transport-config", transport])
+    assert result.exit_code == 0, result.output
+    views = json.loads(result.stdout)["queues"]
+    assert [v["queue"] for v in views] == [Q, "other"]
+    assert views[1]["consumers"] == []
+    text = invoke(["consumers", "--transport-config", transport])
+    assert "queue other" in text.stdout
+    assert "no consumers" in text.stdout
+
+
+def test_consumers_without_a_queue_or_a_config_is_a_usage_error(redis_url: str) -> None:
+    one_line_error(
+        invoke(["consumers"], redis_url),
+        "--queue is required when the configuration lists no queues",
+        code=2,
+    )
+
+
+def test_consumers_refuses_a_registry_key_of_another_type(redis_url: str) -> None:
+    redis(redis_url, lambda s: s.command("SET", f"{Q}:consumers", "x"))
+    line = one_line_error(invoke(["consumers", "-q", Q], redis_url))
+    assert f"key '{Q}:consumers' holds a string, not a sorted set" in line
+
+
+@pytest.mark.parametrize("bad", ["a/b", "-pod", "x" * 128, "pöd"])
+def test_a_bad_consumer_id_is_one_line_and_exit_status_2(redis_url: str, bad: str) -> None:
+    transport = config_json(redis_url)
+    problem = (
+        f"consumer id {bad!r} must be 1 to 127 letters, digits, '.', '_' or '-', "
+        "starting with a letter or a digit"
+    )
+    one_line_error(
+        invoke(["serve", "--consumer-id", bad, "--transport-config", transport]),
+        f"--consumer-id: {problem}",
+        code=2,
+    )
+
+
+def test_the_consumer_id_variable_is_checked_as_the_flag_is(redis_url: str) -> None:
+    from support import runner
+
+    from claimkit.cli.app import app
+
+    result = runner.invoke(
+        app,
+        ["serve", "--transport-config", config_json(redis_url)],
+        env={"CLAIMKIT_CONSUMER_ID": "pod a", "COLUMNS": "200"},
+    )
+    one_line_error(result, code=2)
+    assert "consumer id 'pod a'" in result.stderr
