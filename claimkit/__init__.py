@@ -18,8 +18,9 @@ re-exported here explicitly, and every other module is internal.
 #   result_reader.py  the durable result reader (leases renewed in the background), shared
 #               by the producer and ops.
 #   config/     the configuration file: model, parsing, gate parameters.
-#   protocol/   key names and types, members and records, result routing, and QueueOps:
-#               with OperatorScripts the only caller of the Lua scripts in lua/.
+#   protocol/   key names and types, members and records, result routing, the queue-wide
+#               figures (stats.py) and QueueOps: with OperatorScripts the only caller of
+#               the Lua scripts in lua/.
 #   store/      one Redis connection behind the Store protocol (coredis or redis-py), URL,
 #               TLS and ACL diagnosis, the script loader.
 #   _errors.py  ConfigError, below everything.
@@ -63,6 +64,7 @@ from claimkit.protocol.result_delivery import ResultDeliveryError as ResultDeliv
 from claimkit.protocol.result_delivery import ResultOwnershipLost as ResultOwnershipLost
 from claimkit.protocol.result_delivery import ResultPopRefused as ResultPopRefused
 from claimkit.protocol.routing import ResultRouting as ResultRouting
+from claimkit.protocol.stats import QueueStats as QueueStats
 from claimkit.result_reader import ResultReader as ResultReader
 from claimkit.store import Store as Store
 from claimkit.store import StoreError as StoreError
@@ -94,6 +96,7 @@ __all__ = [
     "QueueOps",
     "QueueProtocol",
     "QueueRuntime",
+    "QueueStats",
     "ReclaimCounts",
     "ReleaseCode",
     "RenewCode",

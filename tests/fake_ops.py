@@ -24,6 +24,7 @@ ghosts (no index entry without a payload).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from claimkit.protocol.ops import CHUNK, ORPHAN_SCAN_COUNT, AckItem, ConsumerIde
 from claimkit.protocol.pause import PauseMark, parse_pause
 from claimkit.protocol.replies import ClaimCode, ParkCode, ReclaimCounts, ReleaseCode, RenewCode
 from claimkit.protocol.routing import ResultRouting
+from claimkit.protocol.stats import QueueStats
 
 if TYPE_CHECKING:
     from claimkit.config import Config, QueueConfig
@@ -561,6 +563,29 @@ class FakeQueueOps:
     async def backlog(self) -> int:
         await self._enter("backlog")
         return len(self.q.pending)
+
+    async def queue_stats(self) -> QueueStats:
+        """``lua/queue-stats-7.lua`` on the fake's state (no consumer registry here: no
+        consumer is alive; ``data.created`` is not read: the oldest age is NaN)."""
+        now = await self._enter("queue_stats")
+        expiries = [c.expiry for c in self.q.claims.values()]
+        ordered = self.q.ordered()
+        return QueueStats(
+            server_now=now,
+            pending=len(ordered),
+            claimed=len(self.q.claims),
+            expired=sum(1 for e in expiries if e <= now),
+            oldest_pending_age=math.nan if ordered else 0.0,
+            pending_deadline_headroom=(
+                math.floor(self.q.pending[ordered[0]]) - now if ordered else math.nan
+            ),
+            lease_headroom=min(expiries) - now if expiries else math.nan,
+            retry_set=len(self.server.retry.get(self.retry_set, {})),
+            retry_dead=len(self.server.retry_dead.get(self.retry_set, {})),
+            dead=len(self.q.dead),
+            consumers_alive=0,
+            exporter=None,
+        )
 
     async def first_wrong_type(self, expected: Mapping[str, str]) -> tuple[str, str, str] | None:
         """The first key of ``expected`` that :attr:`FakeServer.key_types` says holds another

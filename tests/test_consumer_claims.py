@@ -5,6 +5,7 @@ And the QueueOps methods that replaced the consumer's own Redis calls (real Redi
 from __future__ import annotations
 
 import json
+import platform
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
@@ -16,9 +17,9 @@ from support import make_config
 from claimkit.config import ConfigError
 from claimkit.consumer.claims import HeldClaims, Summary
 from claimkit.consumer.consumer import Consumer
-from claimkit.consumer.metrics import Metrics
+from claimkit.consumer.metrics import Metrics, claimkit_version
 from claimkit.consumer.runtime import ServerClock
-from claimkit.protocol.models import Envelope, TerminalRecord, parse_member
+from claimkit.protocol.models import Envelope, ErrorCode, TerminalRecord, parse_member
 from claimkit.protocol.ops import QueueOps, ReclaimCounts, ReleaseCode
 
 if TYPE_CHECKING:
@@ -115,6 +116,51 @@ def test_each_outcome_counts_once_in_the_summary_and_the_metrics() -> None:
     assert sample(metrics, "async_claims_expired_total") == 3.0
     assert sample(metrics, "async_dead_lettered_total") == 3.0
     assert sample(metrics, "async_claim_depth") == 0.0
+    # Terminal records by error_code and status_code: the pushed ack's and the reclaim's two
+    # dead letters' (a suppressed duplicate wrote none).
+    assert terminal(metrics) == {("", "200"): 1.0, ("MAX_DELIVERIES_EXCEEDED", ""): 2.0}
+
+
+def test_terminal_records_count_each_outcome_under_its_codes() -> None:
+    claims, _summary, metrics = registry()
+    a, b, c, d = (claims.add(envelope(x), "t", cancelled=False) for x in "abcd")
+    claims.acked(a, TerminalRecord.http("a", 503, "{}"), pushed=True)
+    claims.acked(b, TerminalRecord.error("b", ErrorCode.INFERENCE_ERROR, "reset"), pushed=True)
+    claims.acked(c, TerminalRecord.error("c", ErrorCode.DEADLINE_EXCEEDED, "late"), pushed=True)
+    claims.acked(d, TerminalRecord.http("d", 503, "{}"), pushed=True)
+    claims.count_invalid_records(2)
+    assert terminal(metrics) == {
+        ("", "503"): 2.0,
+        ("INFERENCE_ERROR", ""): 1.0,
+        ("DEADLINE_EXCEEDED", ""): 1.0,
+        ("INVALID_REQUEST", ""): 2.0,
+    }
+    # async_failed_requests_total keeps its meaning (docs/metrics.md): no error_code label.
+    assert sample(metrics, "async_failed_requests_total") == 3.0
+
+
+def test_build_info_names_the_versions() -> None:
+    metrics = Metrics()
+    found = [
+        s
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name == "llm_d_async_claimkit_build_info"
+    ]
+    assert len(found) == 1
+    assert found[0].value == 1.0
+    assert found[0].labels == {"version": claimkit_version(), "python": platform.python_version()}
+    assert claimkit_version() == "0.1.0"
+
+
+def terminal(metrics: Metrics) -> dict[tuple[str, str], float]:
+    """``async_terminal_records_total`` of queue ``Q`` by ``(error_code, status_code)``."""
+    return {
+        (s.labels["error_code"], s.labels["status_code"]): s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name == "llm_d_async_async_terminal_records_total" and s.labels["queue_name"] == Q
+    }
 
 
 async def test_the_server_clock_estimate_follows_trio_s_clock(

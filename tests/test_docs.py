@@ -26,6 +26,8 @@ from claimkit.cli.app import app
 from claimkit.config import QueueConfig
 from claimkit.config import parse as _config
 from claimkit.consumer.metrics import Metrics
+from claimkit.ops.reclaim_metrics import reclaim_registry
+from claimkit.protocol.stats import QUEUE_GAUGES
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -188,7 +190,8 @@ def test_every_doc_is_in_the_index() -> None:
 
 def test_every_metric_is_documented_with_its_type_and_labels() -> None:
     metrics = Metrics()
-    metrics.for_queue(QueueConfig("q", "http://gw:8000", labels={"pool_name": "p"}))
+    queue = metrics.for_queue(QueueConfig("q", "http://gw:8000", labels={"pool_name": "p"}))
+    queue.count_terminal("INFERENCE_ERROR", None)  # a child, so its labels show
     registered: dict[str, str] = {}
     labels: set[str] = set()
     for family in metrics.registry.collect():
@@ -204,6 +207,19 @@ def test_every_metric_is_documented_with_its_type_and_labels() -> None:
     assert documented == registered
     documented_labels = {_first_code(row[0]) for row in _table_rows(doc, "## Labels")}
     assert documented_labels == labels - {"le"}  # `le` is the histogram's bucket bound
+
+
+def test_every_reclaim_once_metric_is_documented() -> None:
+    queue_wide = {name for _attr, name, _doc in QUEUE_GAUGES}
+    registered = {
+        family.name.removeprefix(NAMESPACE): family.type
+        for family in reclaim_registry({}, {}, 0.0).collect()
+        if family.name.removeprefix(NAMESPACE) not in queue_wide
+    }
+    assert registered
+    doc = (DOCS / "metrics.md").read_text(encoding="utf-8")
+    rows = _table_rows(doc, "## Reclaim-once metrics")
+    assert {_first_code(row[0]): row[1] for row in rows} == registered
 
 
 # -- configuration -----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ def test_exported_names() -> None:
         "QueueOps",
         "QueueProtocol",
         "QueueRuntime",
+        "QueueStats",
         "ReclaimCounts",
         "ReleaseCode",
         "RenewCode",

@@ -127,6 +127,7 @@ DL_A: list[Arg] = [MA, "ga", "result-terminal:a", "rl-a", RECORD]
 DL_B: list[Arg] = [MB, "gb", "result-terminal:b", "rl-b", RECORD]
 ACK_KEYS = [K.pending, K.claimed, K.owners, K.index, K.deliveries]
 RECLAIM_KEYS = [K.pending, K.claimed, K.owners, K.index, K.deliveries, K.dead]
+STATS_KEYS = [K.pending, K.owners, K.index, K.dead, K.retry_set, K.retry_dead, K.consumers]
 RECLAIM_ARGV: list[Arg] = [100, 10, "", "result-list", "result-terminal:", 100, 2, "0", 100, 30]
 NUMBERS: tuple[Arg, ...] = ("x", "nan", "")
 # The consumer a renew or a register names (lua/_liveness.lua): id, liveness ttl, host, pid,
@@ -532,6 +533,19 @@ CASES: dict[str, Case] = {
         [],
         {CK.pending: ("zset",), CSEQ: ("string", "any")},
         bad_argv={1: WHOLE, 2: WHOLE},
+    ),
+    "queue-stats": Case(
+        "queue-stats",
+        STATS_KEYS,
+        [16],
+        [*claims(("a", MA, "ta")), ["ZADD", K.pending, D, MB], ["ZADD", K.consumers, D, "c1"]],
+        {
+            **declared(K.pending, K.owners, K.index, K.dead),
+            K.retry_set: ("zset",),
+            K.retry_dead: ("zset",),
+            K.consumers: ("zset",),
+        },
+        bad_argv={1: ("x", "0", "-1", "1.5")},
     ),
     "inspect": Case(
         "inspect",

@@ -72,7 +72,7 @@ PRODUCER_SCRIPTS = {
     "enqueue": 2,
 }
 ALL_CALLED = PROTOCOL_SCRIPTS | CLUSTER_SCRIPTS | PRODUCER_SCRIPTS
-READ_ONLY_SCRIPTS = {"inspect", "cancelled", "result-inspect", "consumers"}
+READ_ONLY_SCRIPTS = {"inspect", "cancelled", "result-inspect", "consumers", "queue-stats"}
 
 Q = "{tenant-a}:requests"
 RETRY = "retry-sortedset"
@@ -270,6 +270,10 @@ async def test_a_read_only_script_runs_over_maxmemory(redis_factory: RedisFactor
             keys = ["q", "q:claimed", "q:claim-owners", "q:claims-idx", "q:deliveries", "q:dead"]
             reply = await st.run(script("inspect"), keys, [0, 0])
             assert reply[1:3] == [0, None]
+            # The queue-wide gauges stay readable too (docs/metrics.md#queue-wide-gauges).
+            stats = ["q", "q:claim-owners", "q:claims-idx", "q:dead", "r", "r:dead", "q:consumers"]
+            reply = await st.run(script("queue-stats"), stats, [16])
+            assert reply[1:4] == [0, 0, 0]
             with pytest.raises(StoreError, match="OOM"):
                 await st.run(script("move-retries"), ["r", "r:dead"], [1])
 

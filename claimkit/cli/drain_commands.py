@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -17,13 +18,22 @@ from claimkit.cli.common import (
     usage_error,
 )
 from claimkit.cli.runner import console, resolve_queue, show, with_store
+from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from claimkit.ops.drain import DrainReport
     from claimkit.ops.inspect import QueueSnapshot
+    from claimkit.protocol.ops import ReclaimCounts
+    from claimkit.protocol.stats import QueueStats
     from claimkit.store import Store
 
 __all__ = ["drain", "reclaim"]
+
+Stats = dict[str, "QueueStats"] | str
+"""What ``reclaim --once`` read after its run for export: the queue-wide figures by queue,
+or why they could not be read."""
 
 
 def drain(
@@ -120,6 +130,37 @@ def reclaim(
         bool, typer.Option("--once", help="Run one full reclaim run and exit (required).")
     ] = False,
     json_out: JsonOut = False,
+    textfile: Annotated[
+        str | None,
+        typer.Option(
+            "--textfile",
+            metavar="PATH",
+            help="After the run, write what it did and the queue-wide gauges to PATH (a"
+            " .prom file in the node exporter's textfile folder), atomically"
+            " (docs/metrics.md#reclaim-once-metrics).",
+            show_default=False,
+        ),
+    ] = None,
+    pushgateway: Annotated[
+        str | None,
+        typer.Option(
+            "--pushgateway",
+            metavar="URL",
+            help="After the run, push the same metrics to the Prometheus Pushgateway at URL"
+            " (docs/metrics.md#reclaim-once-metrics).",
+            show_default=False,
+        ),
+    ] = None,
+    push_job: Annotated[
+        str | None,
+        typer.Option(
+            "--push-job",
+            metavar="NAME",
+            help="The Pushgateway job to push under (default claimkit-reclaim); needs"
+            " --pushgateway.",
+            show_default=False,
+        ),
+    ] = None,
     transport_config: TransportConfig = None,
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
@@ -137,13 +178,19 @@ def reclaim(
     cron: prints one summary line (or --json), exit status 0; on a Redis or config error
     one line and 1. Needs no running consumer. The rules: docs/protocol.md.
 
+    With --textfile or --pushgateway the run's counts, its finish time and the queue-wide
+    gauges go where Prometheus sees them (docs/metrics.md#reclaim-once-metrics); if that
+    fails, one line and exit status 1 after the summary: the reclaim itself stays done.
+
     Example:
 
         claimkit reclaim --once \\
-          --transport-config-file /etc/claimkit/transport.json
+          --transport-config-file /etc/claimkit/transport.json \\
+          --textfile /var/lib/node_exporter/textfile/claimkit.prom
     """
     if not once:
         usage_error("reclaim needs --once (serve runs the reclaimer continuously)")
+    export = _check_export(textfile, pushgateway, push_job)
     config = config_from(transport_config, transport_config_file, redis_url, require_queues=False)
     if not config.queues:
         fail(
@@ -152,12 +199,20 @@ def reclaim(
         )
     from claimkit.ops.inspect import cluster_layout
     from claimkit.ops.reclaim import reclaim_all, reclaim_json, reclaim_line
+    from claimkit.ops.reclaim_metrics import queue_stats_all
     from claimkit.protocol.ops import ReclaimCounts, orphans_message
 
-    async def go(store: Store) -> tuple[dict[str, ReclaimCounts], bool]:
-        return await reclaim_all(store, config), cluster_layout(store)
+    async def go(store: Store) -> tuple[dict[str, ReclaimCounts], Stats, bool]:
+        per_queue = await reclaim_all(store, config)
+        stats: Stats = {}
+        if export:  # a failed read is reported after the summary: the run is done
+            try:
+                stats = await queue_stats_all(store, config)
+            except (StoreUnavailable, StoreError) as exc:
+                stats = str(exc)
+        return per_queue, stats, cluster_layout(store)
 
-    per_queue, cluster = with_store(config, go)
+    per_queue, stats, cluster = with_store(config, go)
     total = ReclaimCounts()
     for counts in per_queue.values():
         total += counts
@@ -173,3 +228,56 @@ def reclaim(
                 'see docs/operations.md, "Eviction"',
                 err=True,
             )
+    if export:
+        _export(per_queue, stats, textfile, pushgateway, push_job)
+
+
+def _check_export(textfile: str | None, pushgateway: str | None, push_job: str | None) -> bool:
+    """Refuse bad export options before anything runs (exit status 2); whether to export."""
+    from claimkit.ops.reclaim_metrics import pushgateway_problem, textfile_problem
+
+    if push_job is not None and pushgateway is None:
+        usage_error("--push-job needs --pushgateway")
+    if push_job is not None and not push_job.strip():
+        usage_error("--push-job must not be empty")
+    problem = (textfile_problem(textfile) if textfile is not None else None) or (
+        pushgateway_problem(pushgateway) if pushgateway is not None else None
+    )
+    if problem is not None:
+        usage_error(problem)
+    return textfile is not None or pushgateway is not None
+
+
+def _export(
+    per_queue: Mapping[str, ReclaimCounts],
+    stats: Stats,
+    textfile: str | None,
+    pushgateway: str | None,
+    push_job: str | None,
+) -> None:
+    """Write the textfile and push, as asked; a failure is one line and exit status 1.
+    ``stats`` is why the queue-wide gauges could not be read, when it is text: the run's
+    own counts are exported all the same, then that is the one line."""
+    from claimkit.ops.reclaim_metrics import (
+        DEFAULT_PUSH_JOB,
+        ExportError,
+        push_metrics,
+        reclaim_registry,
+        write_textfile,
+    )
+
+    unread = stats if isinstance(stats, str) else None
+    read = {} if isinstance(stats, str) else stats
+    registry = reclaim_registry(per_queue, read, time.time())
+    try:
+        if textfile is not None:
+            write_textfile(textfile, registry)
+        if pushgateway is not None:
+            push_metrics(pushgateway, push_job or DEFAULT_PUSH_JOB, registry)
+    except ExportError as exc:
+        fail(f"reclaim: {exc} (the reclaim run itself is done)")
+    if unread is not None:
+        fail(
+            f"reclaim: cannot read the queue-wide gauges: {unread}; the run's counts were "
+            "exported without them (the reclaim run itself is done)"
+        )

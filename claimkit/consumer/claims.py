@@ -144,6 +144,11 @@ class HeldClaims:
         self.summary.dead_lettered += n
         self.metrics.dead_lettered.inc(n)
 
+    def count_invalid_records(self, n: int) -> None:
+        """Count ``n`` ``INVALID_REQUEST`` records a poll's dead-lettering pushed."""
+        for _ in range(n):
+            self.metrics.count_terminal(ErrorCode.INVALID_REQUEST, None)
+
     def count_shed(self, n: int) -> None:
         """Count ``n`` candidates the gate did not admit (they stay pending)."""
         self.metrics.shedded.inc(n)
@@ -191,6 +196,7 @@ class HeldClaims:
         self.summary.acked += 1
         if record is None:
             return
+        self.metrics.count_terminal(record.error_code, record.status_code)
         if record.error_code == ErrorCode.DEADLINE_EXCEEDED:
             self.metrics.deadline_exceeded.inc()
         elif record.status_code is not None and 200 <= record.status_code < 300:
@@ -240,3 +246,5 @@ class HeldClaims:
         self.summary.dead_lettered += counts.dead
         self.metrics.claims_expired.inc(counts.redelivered)
         self.metrics.dead_lettered.inc(counts.dead)
+        for _ in range(counts.dead):
+            self.metrics.count_terminal(ErrorCode.MAX_DELIVERIES_EXCEEDED, None)

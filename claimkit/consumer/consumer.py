@@ -12,7 +12,7 @@ docs/protocol.md#tasks-and-shutdown):
 - the **heartbeat**: renews every held claim each ``clamp(ttl/3, 1, 30)`` seconds and
   cancels the work of any claim found taken over or released elsewhere
   (docs/protocol.md#heartbeat); the **reclaimer** (docs/protocol.md#reclaim), the **retry
-  mover** (docs/protocol.md#retry-mover) and the backlog sampler
+  mover** (docs/protocol.md#retry-mover) and the queue stats sampler
   (:mod:`claimkit.consumer.upkeep`).
 
 The claims held and what becomes of them: :mod:`claimkit.consumer.claims`. Shutdown
@@ -122,7 +122,7 @@ class Consumer:
         ValueError: a queue's ``gate_params`` are unusable (one line).
 
     Timing (heartbeat cadence, drain grace, hurry, acker linger, reclaim and retry-mover
-    cadence, backlog sampling) runs on trio's clock, and so does :meth:`now` between script
+    cadence, queue stats sampling) runs on trio's clock, and so does :meth:`now` between script
     replies (:class:`ServerClock`): a test may run the consumer under ``autojump_clock``.
     :meth:`now` is therefore called from inside a trio run only.
     """
@@ -178,7 +178,16 @@ class Consumer:
             health=self._health,
             clock=self.clock,
         )
-        self._upkeep = Upkeep(config, self.queues, self._health, self.clock)
+        self._upkeep = Upkeep(
+            config,
+            self.queues,
+            self._health,
+            self.clock,
+            gauges=self.metrics.queue_gauges,
+            # Without a registry entry (liveness TTL 0) this process takes no part in the
+            # exporter election and publishes every queue (docs/metrics.md).
+            consumer_id=config.consumer_id if config.consumer_liveness_ttl_seconds > 0 else None,
+        )
 
     def _queue(self, q: QueueConfig, ops: QueueProtocol, store: Store) -> QueueRuntime:
         metrics = self.metrics.for_queue(q)
@@ -251,7 +260,7 @@ class Consumer:
                 nursery.start_soon(self._upkeep.heartbeat)
                 nursery.start_soon(self._upkeep.reclaimer)
                 nursery.start_soon(self._upkeep.retry_mover)
-                nursery.start_soon(self._upkeep.backlog_sampler)
+                nursery.start_soon(self._upkeep.queue_stats_sampler)
                 await nursery.start(self._poller.run)
                 task_status.started()
                 await self._stop.wait()

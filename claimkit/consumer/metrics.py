@@ -2,21 +2,38 @@
 
 Names are those of docs/metrics.md under the namespace (default ``llm_d_async``), so the
 claim depth is exported as ``llm_d_async_async_claim_depth``; counters get
-prometheus-client's ``_total``. Every metric has the labels ``queue_id``, ``queue_name`` and
-``pool_name`` (the queue's ``labels.pool_name``, or ``""``).
+prometheus-client's ``_total``. The per-process metrics have the labels ``queue_id``,
+``queue_name`` and ``pool_name`` (the queue's ``labels.pool_name``, or ``""``); the
+queue-wide gauges read from Redis (:class:`~claimkit.protocol.stats.QueueGauges`) only
+``queue_name``; ``async_terminal_records_total`` ``queue_name``, ``error_code`` and
+``status_code``.
 """
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
+from importlib import metadata
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from claimkit.protocol.stats import QueueGauges
+
 if TYPE_CHECKING:
     from claimkit.config import QueueConfig
 
-__all__ = ["Metrics", "QueueMetrics"]
+__all__ = ["Metrics", "QueueMetrics", "claimkit_version"]
+
+
+def claimkit_version() -> str:
+    """The installed claimkit's version (``"0.1.0"``), or ``"unknown"`` when it is run from
+    a source tree without an install."""
+    try:
+        return metadata.version("claimkit")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
 
 _LABELS = ("queue_id", "queue_name", "pool_name")
 _LATENCY_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
@@ -43,6 +60,15 @@ class QueueMetrics:
     gateway_unsent: Counter
     gateway_breaker_open: Gauge
     paused: Gauge
+    terminal_records: Counter  # the parent: labelled per record by count_terminal
+    queue_name: str
+
+    def count_terminal(self, error_code: str | None, status_code: int | None) -> None:
+        """Count one terminal record written (``async_terminal_records_total``): its
+        ``error_code`` (``""`` for an HTTP response's record) and ``status_code``
+        (``""`` when it has none)."""
+        status = "" if status_code is None else str(status_code)
+        self.terminal_records.labels(self.queue_name, error_code or "", status).inc()
 
 
 class Metrics:
@@ -107,6 +133,22 @@ class Metrics:
             "async_queue_paused",
             "1 while this process sees the queue paused (claimkit pause): it claims nothing new",
         )
+        self.terminal_records = Counter(
+            "async_terminal_records",
+            "Terminal records this process wrote, by error_code and status_code",
+            ("queue_name", "error_code", "status_code"),
+            namespace=ns,
+            registry=r,
+        )
+        self.queue_gauges = QueueGauges(r, ns)
+        self.build_info = Gauge(
+            "claimkit_build_info",
+            "Always 1; the labels name the claimkit and Python versions of this process",
+            ("version", "python"),
+            namespace=ns,
+            registry=r,
+        )
+        self.build_info.labels(claimkit_version(), platform.python_version()).set(1)
 
     def for_queue(self, queue: QueueConfig) -> QueueMetrics:
         labels = (queue.queue_id, queue.queue_name, queue.labels.get("pool_name", ""))
@@ -128,4 +170,6 @@ class Metrics:
             gateway_unsent=self.gateway_unsent.labels(*labels),
             gateway_breaker_open=self.gateway_breaker_open.labels(*labels),
             paused=self.paused.labels(*labels),
+            terminal_records=self.terminal_records,
+            queue_name=queue.queue_name,
         )

@@ -189,8 +189,9 @@ class Poller:
             else:
                 invalid.append(parsed)
         if invalid:
-            moved, _pushed = await q.ops.dead_letter(invalid)
+            moved, pushed = await q.ops.dead_letter(invalid)
             q.claims.count_dead_lettered(moved)
+            q.claims.count_invalid_records(pushed)
             for bad in invalid:
                 log.warning(
                     "dead-lettered a malformed member of %s (id %s): %s", q.name, bad.id, bad.reason

@@ -1,7 +1,7 @@
 """The consumer's periodic tasks: the heartbeat (docs/protocol.md#heartbeat), the reclaimer
-(docs/protocol.md#reclaim), the retry mover (docs/protocol.md#retry-mover) and the backlog
-sampler (docs/metrics.md). Each runs until cancelled; a failed call is tried again on its
-next tick (Redis going away never ends one)."""
+(docs/protocol.md#reclaim), the retry mover (docs/protocol.md#retry-mover) and the queue
+stats sampler (docs/metrics.md#queue-wide-gauges). Each runs until cancelled; a failed call
+is tried again on its next tick (Redis going away never ends one)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from claimkit.protocol.ops import RenewCode, orphans_message
+from claimkit.protocol.stats import is_exporter
 from claimkit.store import StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -18,18 +19,20 @@ if TYPE_CHECKING:
 
     from claimkit.config import Config
     from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock
+    from claimkit.protocol.stats import QueueGauges
 
-__all__ = ["BACKLOG_SAMPLE_SECONDS", "Upkeep"]
+__all__ = ["QUEUE_STATS_INTERVAL_SECONDS", "Upkeep"]
 
 log = logging.getLogger("claimkit")
 
-BACKLOG_SAMPLE_SECONDS = 5.0
-"""How often the ``backlog`` gauge is sampled (``ZCARD <q>``), seconds."""
+QUEUE_STATS_INTERVAL_SECONDS = 5.0
+"""How often each queue's figures are read from Redis (``lua/queue-stats-7.lua``, one round
+trip per queue) for the ``backlog`` gauge and the queue-wide gauges, seconds."""
 
 
 class Upkeep:
     """The periodic tasks over every queue (start each of ``heartbeat``, ``reclaimer``,
-    ``retry_mover`` and ``backlog_sampler`` in a nursery; cancel to end them).
+    ``retry_mover`` and ``queue_stats_sampler`` in a nursery; cancel to end them).
 
     Args:
         config: the whole configuration (intervals, lease, ``max_deliveries``).
@@ -37,6 +40,9 @@ class Upkeep:
             the first queue's ops that parks into it.
         health: notes answers and failures; stops the consumer on a fatal refusal.
         clock: takes the server time each renew returns.
+        gauges: the queue-wide gauges to publish (``None``: only ``backlog`` is set).
+        consumer_id: this process's consumer id, for the exporter election
+            (docs/metrics.md#one-exporter-per-queue); ``None``: it publishes every queue.
     """
 
     def __init__(
@@ -45,11 +51,16 @@ class Upkeep:
         queues: Sequence[QueueRuntime],
         health: RedisHealth,
         clock: ServerClock,
+        *,
+        gauges: QueueGauges | None = None,
+        consumer_id: str | None = None,
     ) -> None:
         self._config = config
         self._queues = queues
         self._health = health
         self._clock = clock
+        self._gauges = gauges
+        self._consumer_id = consumer_id
         self._retire = trio.Event()
         self.retired = trio.Event()
         """Set once the heartbeat has ended for good after :meth:`retire`."""
@@ -219,14 +230,29 @@ class Upkeep:
                     await self._health.failed("retry mover", exc)
             await trio.sleep(interval)
 
-    # -- backlog (docs/metrics.md) -----------------------------------------------------------
+    # -- queue stats (docs/metrics.md#queue-wide-gauges) -------------------------------------
 
-    async def backlog_sampler(self) -> None:
-        """Each :data:`BACKLOG_SAMPLE_SECONDS`, set each queue's ``backlog`` gauge."""
+    async def queue_stats_sampler(self) -> None:
+        """Each :data:`QUEUE_STATS_INTERVAL_SECONDS`, :meth:`sample_queue_stats`."""
         while True:
-            for q in self._queues:
-                try:
-                    q.metrics.backlog.set(await q.ops.backlog())
-                except (StoreUnavailable, StoreError):
-                    pass  # the pollers report Redis trouble; a missed sample is harmless
-            await trio.sleep(BACKLOG_SAMPLE_SECONDS)
+            await self.sample_queue_stats()
+            await trio.sleep(QUEUE_STATS_INTERVAL_SECONDS)
+
+    async def sample_queue_stats(self) -> None:
+        """Read each queue's figures (one round trip per queue), set its ``backlog`` gauge
+        (every process: upstream's per-process gauge) and, when this process is the queue's
+        exporter (:func:`~claimkit.protocol.stats.is_exporter`), publish its queue-wide
+        gauges; else withdraw them, so one process exports each queue. A failed read keeps
+        the last values: the pollers report Redis trouble, and a missed sample is harmless."""
+        for q in self._queues:
+            try:
+                stats = await q.ops.queue_stats()
+            except (StoreUnavailable, StoreError):
+                continue
+            q.metrics.backlog.set(stats.pending)
+            if self._gauges is None:
+                continue
+            if is_exporter(stats.exporter, self._consumer_id):
+                self._gauges.publish(q.name, stats)
+            else:
+                self._gauges.withdraw(q.name)

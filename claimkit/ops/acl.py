@@ -64,7 +64,7 @@ _RESULT_SCRIPTS = ("result-receive", "result-renew", "result-ack", "result-pop")
 _SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple(
         "claim ack renew release reclaim park move-retries dead-letter register "
-        "expire-owners forget-consumers".split()
+        "expire-owners forget-consumers queue-stats".split()
     ),
     "producer": ("submit", *_RESULT_SCRIPTS),
     "operator": (
@@ -74,6 +74,7 @@ _SCRIPTS: dict[str, tuple[str, ...]] = {
         "expire-owners",
         "consumers",
         "forget-consumers",
+        "queue-stats",
         "requeue-dead",
         "result-inspect",
         *_RESULT_SCRIPTS,
@@ -98,12 +99,12 @@ _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple(
         "claim cancelled renew ack-local ack-outbox push-result outbox-aim park release "
         "reclaim-cluster move-retries-queue dead-letter-outbox register expire-owners "
-        "forget-consumers".split()
+        "forget-consumers queue-stats".split()
     ),
     "producer": ("enqueue", *_RESULT_SCRIPTS),
     "operator": (
         *"inspect release reclaim-cluster push-result outbox-aim requeue-dead drop-markers".split(),
-        *"expire-owners consumers forget-consumers".split(),
+        *"expire-owners consumers forget-consumers queue-stats".split(),
         "result-inspect",
         *_RESULT_SCRIPTS,
     ),

@@ -37,6 +37,7 @@ from claimkit.protocol.replies import RenewCode as RenewCode
 from claimkit.protocol.replies import RequeueCode as RequeueCode
 from claimkit.protocol.replies import orphans_message as orphans_message
 from claimkit.protocol.routing import ResultRouting
+from claimkit.protocol.stats import QueueStats, read_queue_stats
 from claimkit.protocol.store_calls import CHUNK as CHUNK
 from claimkit.protocol.store_calls import as_int as _int
 from claimkit.protocol.store_calls import chunks as _chunks
@@ -873,6 +874,11 @@ class QueueOps:
         """How many requests are pending: ``ZCARD <q>``."""
         return _int(await self.store.command("ZCARD", self.keys.pending))
 
+    async def queue_stats(self) -> QueueStats:
+        """The queue-wide figures in one read-only round trip
+        (:func:`~claimkit.protocol.stats.read_queue_stats`, docs/metrics.md#queue-wide-gauges)."""
+        return await read_queue_stats(self.store, self.keys)
+
     async def first_wrong_type(self, expected: Mapping[str, str]) -> tuple[str, str, str] | None:
         """:func:`first_wrong_type` on this queue's store: any keys, not only this queue's."""
         return await first_wrong_type(self.store, expected)
@@ -891,9 +897,10 @@ class QueueProtocol(Protocol):
     ``renew`` (the claims and the consumer's liveness entry), ``register``,
     ``forget_self`` and ``expire_owners`` (the consumer registry,
     docs/protocol.md#consumers), ``ack``, ``park``, ``release``, ``reclaim``,
-    ``move_retries``, ``backlog``, ``first_wrong_type``. Times are Unix seconds on the
-    Redis server clock; each call raises :class:`~claimkit.store.StoreUnavailable` or
-    :class:`~claimkit.store.StoreError` as Redis fails.
+    ``move_retries``, ``backlog``, ``queue_stats`` (the queue-wide gauges' one read),
+    ``first_wrong_type``. Times are Unix seconds on the Redis server clock; each call
+    raises :class:`~claimkit.store.StoreUnavailable` or :class:`~claimkit.store.StoreError`
+    as Redis fails.
     """
 
     @property
@@ -954,6 +961,8 @@ class QueueProtocol(Protocol):
     async def move_retries(self, *, limit: int = CHUNK) -> tuple[int, int]: ...
 
     async def backlog(self) -> int: ...
+
+    async def queue_stats(self) -> QueueStats: ...
 
     async def first_wrong_type(
         self, expected: Mapping[str, str]
