@@ -53,7 +53,7 @@ def test_heartbeat_interval_is_a_third_of_the_lease_clamped() -> None:
 
     assert (interval(300), interval(60), interval(1)) == (30, 20, 1)
     # With the consumer registry on, at most a third of the liveness ttl too.
-    assert (interval(300, 10), interval(300, 120), interval(1, 1.5)) == (10 / 3, 30, 0.5)
+    assert (interval(300, 10), interval(300, 120), interval(6, 3)) == (10 / 3, 30, 1)
     assert load({"queues": [QUEUE]}).heartbeat_interval_seconds == 10 / 3  # the defaults
 
 
@@ -61,12 +61,31 @@ def test_the_liveness_ttl_defaults_to_10_s_and_0_turns_the_registry_off() -> Non
     assert load({"queues": [QUEUE]}).consumer_liveness_ttl_seconds == 10.0
     off = load({"queues": [QUEUE], "consumer_liveness_ttl_seconds": 0})
     assert (off.consumer_liveness_ttl_seconds, off.consumer_identity()) == (0.0, None)
-    on = load({"queues": [QUEUE], "consumer_liveness_ttl_seconds": 2.5}, flags={"consumer_id": "c"})
+    on = load({"queues": [QUEUE], "consumer_liveness_ttl_seconds": 3.5}, flags={"consumer_id": "c"})
     identity = on.consumer_identity()
     assert identity is not None
-    assert (identity.id, identity.liveness_ttl) == ("c", 2.5)
+    assert (identity.id, identity.liveness_ttl) == ("c", 3.5)
     with pytest.raises(ConfigError, match="consumer_liveness_ttl_seconds must be non-negative"):
         load({"queues": [QUEUE], "consumer_liveness_ttl_seconds": -1})
+
+
+@pytest.mark.parametrize("ttl", [0.001, 2.999, 86400.5, 1000000])
+def test_a_liveness_ttl_outside_3_s_to_a_day_is_refused_in_one_line(ttl: float) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load({"queues": [QUEUE], "consumer_liveness_ttl_seconds": ttl})
+    assert str(caught.value) == (
+        "consumer_liveness_ttl_seconds must be 0 (no consumer registry) or from 3 to 86400"
+        f" seconds, got {ttl}"
+    )
+    # the flag takes the same path
+    with pytest.raises(ConfigError, match=r"^consumer_liveness_ttl_seconds must be 0 "):
+        load({"queues": [QUEUE]}, flags={"consumer_liveness_ttl_seconds": ttl})
+
+
+def test_the_liveness_ttl_bounds_themselves_are_taken() -> None:
+    for ttl in (3, 3.0, 86400):
+        config = load({"queues": [QUEUE], "consumer_liveness_ttl_seconds": ttl})
+        assert config.consumer_liveness_ttl_seconds == ttl
 
 
 def test_the_consumer_id_comes_from_the_flag_the_environment_or_the_host() -> None:

@@ -1,5 +1,5 @@
 """Fast failover with real ``claimkit serve`` processes (docs/protocol.md#fast-failover,
-docs/operations.md#consumers): two consumers under a 300 s lease and a 2 s liveness TTL,
+docs/operations.md#consumers): two consumers under a 300 s lease and a 3 s liveness TTL,
 one SIGKILLed while it holds its claims. Its claims are handed on by the survivor within
 seconds, long before any lease could lapse, and every request gets exactly one record;
 ``claimkit consumers`` and ``claimkit inspect`` name both consumers and mark the dead one.
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 REGISTRY = {
     "claim_lease_ttl_seconds": 300,
-    "consumer_liveness_ttl_seconds": 2,
+    "consumer_liveness_ttl_seconds": 3,
     "claim_reclaim_interval_ms": 200,
 }
 

@@ -67,6 +67,13 @@ _ZERO_IS_ZERO = {
     "consumer_liveness_ttl_seconds",
 }
 _PORTS = {"metrics_port", "health_port"}
+# consumer_liveness_ttl_seconds, when on: at least 3 s, so an entry outlives two missed
+# heartbeat ticks (one each ttl/3) plus a second of slow round trips; a shorter one shows a
+# live process dead under load, and reclaimers hand its claims on. At most a day: a crashed
+# consumer's entry shows it alive that long. (Above the claim lease it is harmless, only
+# slower than the lease; the default 10 s stays valid with short leases.)
+LIVENESS_TTL_MIN_SECONDS = 3.0
+LIVENESS_TTL_MAX_SECONDS = 86400.0
 
 
 _TOP_LEVEL = {
@@ -114,6 +121,15 @@ def _number(name: str, value: Any) -> float | int:
         raise ConfigError(f"{name} must be non-negative")
     if name in _PORTS and value > 65535:
         raise ConfigError(f"{name} must be a port number (0 turns the server off), got {value}")
+    if (
+        name == "consumer_liveness_ttl_seconds"
+        and value
+        and not (LIVENESS_TTL_MIN_SECONDS <= value <= LIVENESS_TTL_MAX_SECONDS)
+    ):
+        raise ConfigError(
+            f"{name} must be 0 (no consumer registry) or from {LIVENESS_TTL_MIN_SECONDS:g}"
+            f" to {LIVENESS_TTL_MAX_SECONDS:g} seconds, got {value}"
+        )
     if value == 0 and name not in _ZERO_IS_ZERO:
         return kind(default)  # type: ignore[no-any-return]
     return kind(value)  # type: ignore[no-any-return]
