@@ -17,6 +17,11 @@
   `claimkit consumers` still shows it dead, until it is forgotten
   (lua/forget-consumers-2.lua) or it renews again.
 
+  With ARGV[3] = "if-alive" the cycle's first call hands nothing on when no consumer of
+  the queue is alive (no entry at or above server_now): every entry lapsed at once is the
+  signature of a Redis outage or failover, not of one dead consumer; the claims then wait
+  for their leases (docs/protocol.md#fast-failover).
+
   Input:
     KEYS[1] owners HASH            <q>:claim-owners
     KEYS[2] lease index ZSET       <q>:claims-idx
@@ -24,16 +29,21 @@
 
     ARGV[1] HSCAN cursor ("0" starts a cycle)
     ARGV[2] count: the HSCAN COUNT (a whole number >= 1)
-    ARGV[3..] the lapsed consumer ids of this cycle; none on its first call
+    ARGV[3] "if-alive" (only while some consumer is alive), "any", or "count": write
+            nothing, only count the lapsed consumers (held_back), as a reclaimer that
+            skips the failover reports it
+    ARGV[4..] the lapsed consumer ids of this cycle; none on its first call
 
   Leases are cut with ZADD XX LT: a claim without a lease entry is left to the orphan scan
   of lua/reclaim-6.lua, a lease already at or before server_now stays as it is. Every
   check comes before the first write.
 
-  Output: { cut, next_cursor, marked, server_now (string, Unix seconds), id_1, ..., id_n }
-    where cut counts the leases cut, next_cursor is the cursor to pass next ("0": the cycle
-    is done), marked counts the consumers marked handled, and id_i are the lapsed consumer
-    ids of this cycle (none: nothing lapsed, nothing scanned).
+  Output: { cut, next_cursor, marked, server_now (string, Unix seconds), held_back, id_1,
+    ..., id_n } where cut counts the leases cut, next_cursor is the cursor to pass next
+    ("0": the cycle is done), marked counts the consumers marked handled, held_back the
+    lapsed consumers left alone ("count", or "if-alive" with no consumer alive; else 0), and
+    id_i are the lapsed consumer ids of this cycle (none: nothing lapsed, or held back;
+    nothing scanned).
 ]]
 -- @include _server-now
 -- @include _guard-keys
@@ -42,14 +52,22 @@
 guard_keys('hash', 'zset', 'zset')
 local cursor = ARGV[1]
 local count = count_arg(2, 1)
+local mode = ARGV[3]
+if mode ~= 'if-alive' and mode ~= 'any' and mode ~= 'count' then
+  error('claimkit: ARGV[3] must be "if-alive", "any" or "count", got ' .. tostring(mode))
+end
 local now = server_now()
 local ids = {}
-if #ARGV > 2 then
-  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+if #ARGV > 3 then
+  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
 elseif cursor == '0' then
   ids = redis.call('ZRANGE', KEYS[3], '(0', '(' .. fmt_time(now), 'BYSCORE')
+  if #ids > 0 and (mode == 'count' or (mode == 'if-alive'
+      and redis.call('ZCOUNT', KEYS[3], fmt_time(now), '+inf') == 0)) then
+    return { 0, '0', 0, fmt_time(now), #ids }
+  end
 end
-if #ids == 0 then return { 0, '0', 0, fmt_time(now) } end
+if #ids == 0 then return { 0, '0', 0, fmt_time(now), 0 } end
 
 local lapsed = {}
 for _, id in ipairs(ids) do lapsed[id] = true end
@@ -82,6 +100,6 @@ if page[1] == '0' then
     end
   end
 end
-local out = { cut, page[1], marked, fmt_time(now) }
+local out = { cut, page[1], marked, fmt_time(now), 0 }
 for _, id in ipairs(ids) do out[#out + 1] = id end
 return out

@@ -414,11 +414,14 @@ class FakeQueueOps:
         self.q.consumer_info.pop(self.consumer.id, None)
         return self.q.consumers.pop(self.consumer.id, None) is not None
 
-    async def expire_owners(self) -> tuple[float, int]:
+    async def expire_owners(self, *, require_alive: bool = False) -> tuple[float, int | None]:
         """A whole ``lua/expire-owners-3.lua`` cycle: the leases of lapsed consumers' claims
-        cut to now (never lengthened), those consumers marked (score negated)."""
+        cut to now (never lengthened), those consumers marked (score negated); with
+        ``require_alive`` and no consumer alive, nothing (``None``)."""
         now = await self._enter("expire_owners")
         lapsed = {cid for cid, score in self.q.consumers.items() if 0 < score < now}
+        if require_alive and lapsed and not any(s >= now for s in self.q.consumers.values()):
+            return now, None
         if not lapsed:
             return now, 0
         cut = 0

@@ -541,7 +541,8 @@ def test_reclaim_once_redelivers_every_expired_claim(redis_url: str) -> None:
     result = invoke(["reclaim", "--once", "--transport-config", transport])
     assert result.exit_code == 0, result.output
     assert result.stdout == (
-        "claimkit reclaim: queues=2 redelivered=2 dead_lettered=1 ghosts=1 leases_restored=0\n"
+        "claimkit reclaim: queues=2 redelivered=2 dead_lettered=1 ghosts=1 leases_restored=0 "
+        "handed_on=0\n"
     )
     assert result.stderr == ""
     assert do(redis_url, ("ZRANGE", Q, 0, -1, "WITHSCORES"))[0] == [
@@ -558,7 +559,8 @@ def test_reclaim_once_redelivers_every_expired_claim(redis_url: str) -> None:
     assert record["error_code"] == "MAX_DELIVERIES_EXCEEDED"
     again = invoke(["reclaim", "--once", "--transport-config", transport])
     assert again.stdout == (
-        "claimkit reclaim: queues=2 redelivered=0 dead_lettered=0 ghosts=0 leases_restored=0\n"
+        "claimkit reclaim: queues=2 redelivered=0 dead_lettered=0 ghosts=0 leases_restored=0 "
+        "handed_on=0\n"
     )
 
 
@@ -574,6 +576,7 @@ def test_reclaim_once_json(redis_url: str) -> None:
                 "ghosts": 0,
                 "orphans": 0,
                 "leases_restored": 0,
+                "handed_on": 0,
             },
             "other": {
                 "redelivered": 1,
@@ -581,6 +584,7 @@ def test_reclaim_once_json(redis_url: str) -> None:
                 "ghosts": 1,
                 "orphans": 0,
                 "leases_restored": 0,
+                "handed_on": 0,
             },
         },
         "redelivered": 2,
@@ -588,6 +592,8 @@ def test_reclaim_once_json(redis_url: str) -> None:
         "ghosts": 1,
         "orphans": 0,
         "leases_restored": 0,
+        "handed_on": 0,
+        "failover_skipped": {},
     }
 
 

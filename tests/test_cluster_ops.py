@@ -365,6 +365,7 @@ def test_reclaim_once_redelivers_dead_letters_and_replays_the_outbox(
     shown = ok(invoke(["reclaim", "--once", "--transport-config", conf]))
     assert shown == (
         "claimkit reclaim: queues=1 redelivered=1 dead_lettered=1 ghosts=0 leases_restored=0 "
+        "handed_on=0 "
         "replayed=2\n"
     )
     after = keyspace(redis_cluster)
@@ -387,9 +388,10 @@ def test_reclaim_once_redelivers_dead_letters_and_replays_the_outbox(
         "ghosts": 0,
         "orphans": 0,
         "leases_restored": 0,
+        "handed_on": 0,
         "replayed": 0,
     }
-    assert doc == {"queues": {queue: zero}, **zero}
+    assert doc == {"queues": {queue: zero}, **zero, "failover_skipped": {}}
 
 
 # -- dead ----------------------------------------------------------------------------------------
@@ -739,6 +741,7 @@ def test_the_operator_rule_is_enough_on_every_node(
     assert json.loads(outputs[0])["counts"]["outbox"] == 1
     assert outputs[2:6] == [
         "claimkit reclaim: queues=1 redelivered=1 dead_lettered=1 ghosts=0 leases_restored=0 "
+        "handed_on=0 "
         "replayed=2\n",
         f"claimkit drain {queue}: released=1 of 1 claims gone=0 renewed=0 other_owner=0 ghosts=0\n",
         f"claimkit dead requeue {queue}: requeued=2 refused=0 not_found=0\n",

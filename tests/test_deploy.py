@@ -383,7 +383,8 @@ def test_the_cron_jobs_command_runs_against_redis_with_the_manifest_config(
     result = CliRunner().invoke(app, args, env={"REDIS_URL": None, "REDIS_URL_FILE": str(url_file)})
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == (
-        "claimkit reclaim: queues=1 redelivered=0 dead_lettered=0 ghosts=0 leases_restored=0"
+        "claimkit reclaim: queues=1 redelivered=0 dead_lettered=0 ghosts=0 leases_restored=0 "
+        "handed_on=0"
     )
 
 

@@ -28,7 +28,10 @@ if TYPE_CHECKING:
     from claimkit.store import Arg
 
 Q = "jobs"
-SUMMARY = "claimkit reclaim: queues=2 redelivered=2 dead_lettered=1 ghosts=0 leases_restored=0\n"
+SUMMARY = (
+    "claimkit reclaim: queues=2 redelivered=2 dead_lettered=1 ghosts=0 leases_restored=0 "
+    "handed_on=0\n"
+)
 
 
 def claim(queue: str, rid: str, *, expiry: float, score: int) -> list[Sequence[Arg]]:
@@ -96,6 +99,8 @@ def check_exported(found: dict[tuple[str, str], float], base: int) -> None:
         ("async_reclaim_last_run_dead_lettered", "other"): 0.0,
         ("async_reclaim_last_run_leases_restored", Q): 0.0,
         ("async_reclaim_last_run_leases_restored", "other"): 0.0,
+        ("async_reclaim_last_run_handed_on", Q): 0.0,
+        ("async_reclaim_last_run_handed_on", "other"): 0.0,
         ("async_queue_pending", Q): 2.0,  # p, and a redelivered
         ("async_queue_pending", "other"): 1.0,
         ("async_queue_claimed", Q): 1.0,  # live

@@ -100,7 +100,8 @@ def test_reclaim_once_gives_a_live_owners_claim_its_lease_back(redis_url: str) -
     result = reclaim_once(transport)
     after = server_now_sync(redis_url)
     assert result.stdout == (
-        "claimkit reclaim: queues=1 redelivered=0 dead_lettered=0 ghosts=0 leases_restored=1\n"
+        "claimkit reclaim: queues=1 redelivered=0 dead_lettered=0 ghosts=0 leases_restored=1 "
+        "handed_on=0\n"
     )
     assert result.stderr == ONE_ORPHAN_WARNING
     state = redis(redis_url, snapshot)
@@ -127,6 +128,7 @@ def test_reclaim_once_gives_a_live_owners_claim_its_lease_back(redis_url: str) -
         "ghosts": 0,
         "orphans": 0,
         "leases_restored": 0,
+        "handed_on": 0,
     }
     assert again.stderr == ""
 
@@ -179,7 +181,7 @@ def test_reclaim_once_does_not_run_a_live_consumers_request_twice(
             assert reclaimed.returncode == 0, reclaimed.stderr
             assert reclaimed.stdout == (
                 "claimkit reclaim: queues=1 redelivered=0 dead_lettered=0 ghosts=0 "
-                "leases_restored=1\n"
+                "leases_restored=1 handed_on=0\n"
             )
             assert reclaimed.stderr == ONE_ORPHAN_WARNING
             # Still the live consumer's claim, under its lease; nothing pending.
@@ -233,7 +235,8 @@ def test_a_dead_owners_orphan_comes_back_one_lease_later(redis_url: str) -> None
         time.sleep(0.05)
     second = reclaim_once(transport)
     assert second.stdout == (
-        "claimkit reclaim: queues=1 redelivered=1 dead_lettered=0 ghosts=0 leases_restored=0\n"
+        "claimkit reclaim: queues=1 redelivered=1 dead_lettered=0 ghosts=0 leases_restored=0 "
+        "handed_on=0\n"
     )
     assert second.stderr == ""
     assert redis(redis_url, snapshot) == {

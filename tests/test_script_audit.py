@@ -337,14 +337,14 @@ CASES: dict[str, Case] = {
     "expire-owners": Case(
         "expire-owners",
         [K.owners, K.index, K.consumers],
-        ["0", 100],
+        ["0", 100, "if-alive"],
         [
             *claims(("a", MA, "c/" + "0" * 32), ("b", MB, "live/" + "0" * 32)),
             ["ZADD", K.index, "XX", D, "a", D, "b"],
             ["ZADD", K.consumers, 1000, "c", D, "live"],
         ],
         declared(K.owners, K.index, K.consumers),
-        bad_argv={1: ("x", "-1"), 2: WHOLE},
+        bad_argv={1: ("x", "-1"), 2: WHOLE, 3: ("x", "")},
     ),
     "forget-consumers": Case(
         "forget-consumers",

@@ -466,7 +466,7 @@ GUARD_ARGV: dict[str, list[Arg]] = {
     "release": ["a", "t", ""],
     "renew": [60, "c", 10, "h", 1, "v", "a", "t", 4102444800],
     "register": ["c", 10, "h", 1, "v"],
-    "expire-owners": ["0", 100],
+    "expire-owners": ["0", 100, "any"],
     "forget-consumers": ["dead"],
     "requeue-dead": ["result-terminal:", "0", "m", "a"],
     "ack-local": [0, "1", "fb", "a", "t", "", "{}", "m", "a\x00t"],

@@ -198,29 +198,41 @@ def reclaim(
             "(--transport-config or --transport-config-file) whose queues list them"
         )
     from claimkit.ops.inspect import cluster_layout
-    from claimkit.ops.reclaim import reclaim_all, reclaim_json, reclaim_line
+    from claimkit.ops.reclaim import (
+        ReclaimRun,
+        failover_skipped_lines,
+        reclaim_all,
+        reclaim_json,
+        reclaim_line,
+    )
     from claimkit.ops.reclaim_metrics import queue_stats_all
     from claimkit.protocol.ops import ReclaimCounts, orphans_message
 
-    async def go(store: Store) -> tuple[dict[str, ReclaimCounts], Stats, bool]:
-        per_queue = await reclaim_all(store, config)
+    async def go(store: Store) -> tuple[ReclaimRun, Stats, bool]:
+        run = await reclaim_all(store, config)
         stats: Stats = {}
         if export:  # a failed read is reported after the summary: the run is done
             try:
                 stats = await queue_stats_all(store, config)
             except (StoreUnavailable, StoreError) as exc:
                 stats = str(exc)
-        return per_queue, stats, cluster_layout(store)
+        return run, stats, cluster_layout(store)
 
-    per_queue, stats, cluster = with_store(config, go)
+    run, stats, cluster = with_store(config, go)
+    per_queue = run.per_queue
     total = ReclaimCounts()
     for counts in per_queue.values():
         total += counts
     show(
         json_out,
-        doc=lambda: reclaim_json(per_queue, total, cluster=cluster),
+        doc=lambda: reclaim_json(
+            per_queue, total, cluster=cluster, failover_skipped=run.failover_skipped
+        ),
         text=lambda: reclaim_line(len(per_queue), total, cluster=cluster),
     )
+    if not json_out:
+        for line in failover_skipped_lines(run):
+            typer.echo(line, err=True)
     for name, c in per_queue.items():
         if c.orphans:
             typer.echo(

@@ -153,7 +153,8 @@ class Upkeep:
     async def reclaimer(self) -> None:
         """Each ``claim_reclaim_interval_ms``, a full reclaim run on every queue, preceded by
         the fast failover (docs/protocol.md#fast-failover) once Redis has answered for one
-        liveness TTL (:meth:`may_expire_owners`)."""
+        liveness TTL (:meth:`may_expire_owners`) and while some consumer of the queue is
+        alive."""
         interval = self._config.claim_reclaim_interval_ms / 1000
         while True:
             for q in self._queues:
@@ -173,7 +174,8 @@ class Upkeep:
     async def _reclaim(self, q: QueueRuntime) -> None:
         try:
             if self.may_expire_owners():
-                server_now, cut = await q.ops.expire_owners()
+                # No consumer alive (this one's entry lapsed too): an outage, not a death.
+                server_now, cut = await q.ops.expire_owners(require_alive=True)
                 self._clock.observe(server_now)
                 if cut:
                     log.warning(

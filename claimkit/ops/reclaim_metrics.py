@@ -65,6 +65,11 @@ RECLAIM_GAUGES: tuple[tuple[str, str, str], ...] = (
         "async_reclaim_last_run_leases_restored",
         "Claims without a lease entry the last reclaim --once run gave their lease back",
     ),
+    (
+        "handed_on",
+        "async_reclaim_last_run_handed_on",
+        "Claims of dead consumers the last reclaim --once run's fast failover handed on",
+    ),
 )
 """``(ReclaimCounts attribute, metric name without the namespace, help)`` of the last-run
 gauges."""

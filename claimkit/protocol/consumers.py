@@ -43,6 +43,7 @@ __all__ = [
     "default_consumer_id",
     "expire_owners",
     "forget_consumers",
+    "lapsed_consumers",
     "read_registry",
     "register",
 ]
@@ -122,8 +123,12 @@ async def register(store: Store, keys: QueueKeys, identity: ConsumerIdentity) ->
 
 
 async def expire_owners(
-    store: Store, keys: QueueKeys, *, count: int = EXPIRE_OWNERS_COUNT
-) -> tuple[float, int]:
+    store: Store,
+    keys: QueueKeys,
+    *,
+    count: int = EXPIRE_OWNERS_COUNT,
+    require_alive: bool = False,
+) -> tuple[float, int | None]:
     """Fast failover on one queue (docs/protocol.md#fast-failover): cut to the server clock
     the leases of every claim whose consumer's liveness entry lapsed, so the reclaim run
     that follows redelivers them (a delivery, counted in ``<q>:deliveries`` like a lease
@@ -132,6 +137,10 @@ async def expire_owners(
     otherwise one call per ``count`` fields of ``<q>:claim-owners``. Returns
     ``(server_now, cut)``: the server time of the last call (Unix seconds) and how many
     leases were cut.
+
+    With ``require_alive``, nothing is handed on when no consumer of the queue is alive
+    (every entry lapsed: the signature of a Redis outage or failover, not of one dead
+    consumer); ``cut`` is then ``None`` and the claims wait for their leases.
 
     The caller must know Redis has been answering for one liveness TTL (after an outage,
     live consumers could not renew either; docs/protocol.md#fast-failover).
@@ -154,14 +163,30 @@ async def expire_owners(
         reply = await store.run(
             script("expire-owners"),
             [keys.owners, keys.index, keys.consumers],
-            [cursor, count, *lapsed],
+            [cursor, count, "if-alive" if require_alive else "any", *lapsed],
         )
         cut += as_int(reply[0])
         now = float(reply_text(reply[3]))
-        lapsed = [reply_text(v) for v in reply[4:]]
+        if as_int(reply[4]):  # held back: no consumer is alive
+            return now, None
+        lapsed = [reply_text(v) for v in reply[5:]]
         cursor = reply_text(reply[1])
         if not lapsed or cursor == "0":
             return now, cut
+
+
+async def lapsed_consumers(store: Store, keys: QueueKeys) -> int:
+    """How many consumers of the queue a fast failover would hand on now (their liveness
+    lapsed, not yet handled), writing nothing (``lua/expire-owners-3.lua``, "count"): what a
+    reclaimer that skips the failover reports.
+
+    Raises:
+        StoreUnavailable, StoreError: from the store.
+    """
+    reply = await store.run(
+        script("expire-owners"), [keys.owners, keys.index, keys.consumers], ["0", 1, "count"]
+    )
+    return as_int(reply[4])
 
 
 async def forget_consumers(

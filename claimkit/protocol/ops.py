@@ -524,13 +524,14 @@ class QueueOps:
         )
         return bool(gone)
 
-    async def expire_owners(self) -> tuple[float, int]:
+    async def expire_owners(self, *, require_alive: bool = False) -> tuple[float, int | None]:
         """Fast failover (docs/protocol.md#fast-failover): cut to now the leases of the
         claims of every consumer of this queue whose liveness lapsed, so the next reclaim
         redelivers them (:func:`claimkit.protocol.consumers.expire_owners`). Returns
-        ``(server_now, leases cut)``. Call it only once Redis has answered for a liveness
-        TTL."""
-        return await _consumers.expire_owners(self.store, self.keys)
+        ``(server_now, leases cut)``; with ``require_alive``, ``(server_now, None)`` and
+        nothing cut when no consumer of the queue is alive. Call it only once Redis has
+        answered for a liveness TTL."""
+        return await _consumers.expire_owners(self.store, self.keys, require_alive=require_alive)
 
     # -- ack (docs/protocol.md#ack) ------------------------------------------------------------
 
@@ -937,7 +938,7 @@ class QueueProtocol(Protocol):
 
     async def forget_self(self) -> bool: ...
 
-    async def expire_owners(self) -> tuple[float, int]: ...
+    async def expire_owners(self, *, require_alive: bool = False) -> tuple[float, int | None]: ...
 
     async def ack(self, items: Sequence[AckItem]) -> list[tuple[bool, bool]]: ...
 

@@ -121,7 +121,9 @@ class ReclaimCounts:
     ``leases_restored`` (given its lease back, not redelivered) or ``ghosts``.
     ``replayed`` (Redis Cluster only, else 0) counts the outbox entries the run finished:
     records left half-way by an ack across slots, and the run's own dead letters' records
-    (docs/topology.md#acks-across-slots).
+    (docs/topology.md#acks-across-slots). ``handed_on`` counts the leases the fast failover
+    before the run cut (docs/protocol.md#fast-failover): those claims are among
+    ``redelivered`` (or ``dead``); a reclaim alone leaves it 0.
     """
 
     redelivered: int = 0
@@ -130,6 +132,7 @@ class ReclaimCounts:
     orphans: int = 0
     leases_restored: int = 0
     replayed: int = 0
+    handed_on: int = 0
 
     def __add__(self, other: ReclaimCounts) -> ReclaimCounts:
         return ReclaimCounts(
@@ -139,6 +142,7 @@ class ReclaimCounts:
             self.orphans + other.orphans,
             self.leases_restored + other.leases_restored,
             self.replayed + other.replayed,
+            self.handed_on + other.handed_on,
         )
 
 

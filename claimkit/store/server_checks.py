@@ -21,7 +21,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from claimkit.store.interface import Arg, ScriptCall, StoreError, reply_text
+from claimkit.store.interface import (
+    Arg,
+    ScriptCall,
+    StoreError,
+    StorePermissionError,
+    reply_text,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -39,6 +45,7 @@ __all__ = [
     "StandaloneOnly",
     "eviction_policy",
     "info_fields",
+    "server_uptime",
 ]
 
 log = logging.getLogger("claimkit")
@@ -344,3 +351,35 @@ async def _eviction_policy(store: Store) -> tuple[str | None, str]:
     except StoreError as exc:
         reply = exc
     return _config_policy(reply)
+
+
+async def server_uptime(store: Store) -> float | None:
+    """How long the Redis server has been up, seconds (``INFO server``'s
+    ``uptime_in_seconds``); on a Redis Cluster the least of its primaries' (the most
+    recently restarted). ``None`` when it cannot be told: ``INFO`` refused (an ACL, a
+    renamed command) or the field missing.
+
+    Raises:
+        StoreUnavailable: Redis is unreachable. StoreError: any other refusal than a
+        refused command.
+    """
+    if store.mode == "cluster" and hasattr(store, "each_primary"):
+        replies = list((await cast("_EachPrimary", store).each_primary("INFO", "server")).values())
+    else:
+        try:
+            replies = [await store.command("INFO", "server")]
+        except StoreError as exc:
+            replies = [exc]
+    found: list[float] = []
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            if not isinstance(reply, StorePermissionError) and not (
+                isinstance(reply, StoreError) and _refused(reply)
+            ):
+                raise reply
+            return None
+        value = info_fields(reply).get("uptime_in_seconds", "")
+        if not value.isdigit():
+            return None
+        found.append(float(value))
+    return min(found) if found else None
