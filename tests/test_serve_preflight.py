@@ -265,6 +265,33 @@ async def test_a_claims_index_turned_string_while_running_stops_the_consumer(
     assert await store.command("GET", f"{Q}:claims-idx") == b"oops"
 
 
+async def test_a_consumer_info_hash_turned_list_is_worded_in_the_forget_warning(
+    store: Store, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat meets it and the consumer stops; the shutdown's forget fails on the
+    same key, and its warning names the key and its type, not Redis's script error."""
+    consumer = Consumer(make_config(redis_url), store)
+    caught: list[WrongKeyType] = []
+
+    async def run(task_status: trio.TaskStatus[None]) -> None:
+        try:
+            await consumer.run(task_status=task_status)
+        except WrongKeyType as exc:
+            caught.append(exc)
+
+    wrong = f"consumer-info hash '{Q}:consumer-info' of queue '{Q}' holds a list, not a hash"
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run)
+            info = f"{Q}:consumer-info"
+            await store.pipeline([("DEL", info), ("RPUSH", info, "junk")], transaction=True)
+    assert [str(exc) for exc in caught] == [wrong]
+    forgets = [r for r in caplog.records if r.getMessage().startswith("forget ")]
+    assert [(r.levelname, r.getMessage()) for r in forgets] == [
+        ("WARNING", f"forget {Q}: {wrong}; the consumer's entry will lapse")
+    ]
+
+
 def test_serve_process_exits_1_when_a_key_turns_wrong_while_running(
     redis_url: str, tmp_path: Path
 ) -> None:

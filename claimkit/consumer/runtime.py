@@ -165,6 +165,25 @@ class RedisHealth:
         if not await self.is_fatal(exc):
             self.note_failure(where, exc)
 
+    async def describe(self, exc: Exception) -> str:
+        """``exc`` in claimkit's words for a log line: a WRONGTYPE refusal (whose text is
+        Redis's, with the script's name and line) becomes the key, what it holds and what it
+        should hold (:func:`~claimkit.consumer.preflight.check_key_roles`, one pipeline of
+        ``TYPE`` calls; the fatal error already found, when it is one); anything else, and a
+        check that finds every key right or fails, is ``str(exc)`` without Redis's script
+        text."""
+        if not isinstance(exc, StoreError) or not _is_wrongtype(exc):
+            return str(exc)
+        if isinstance(self.fatal, WrongKeyType):
+            return str(self.fatal)
+        try:
+            await check_key_roles(self._first_wrong, self._roles)
+        except WrongKeyType as wrong:
+            return str(wrong)
+        except (StoreUnavailable, StoreError):
+            pass
+        return "Redis refused it: a key holds another type than claimkit expects"
+
     async def is_fatal(self, exc: Exception) -> bool:
         """After Redis refused a call with ``exc``: whether retrying cannot mend it, so the
         consumer stops as if asked to and ``Consumer.run`` raises the one-line error.

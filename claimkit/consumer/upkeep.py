@@ -120,7 +120,8 @@ class Upkeep:
             try:
                 await q.ops.forget_self()
             except (StoreUnavailable, StoreError) as exc:
-                log.warning("forget %s: %s; the consumer's entry will lapse", q.name, exc)
+                why = await self._health.describe(exc)
+                log.warning("forget %s: %s; the consumer's entry will lapse", q.name, why)
 
     async def renew(self, q: QueueRuntime) -> None:
         """Renew ``q``'s held claims in one round trip; a claim found taken over (-1) or
