@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 import trio
-from support import make_config
+from support import make_config, pairs
 
 from claimkit.config import ConfigError
 from claimkit.consumer.claims import HeldClaims, Summary
@@ -192,3 +192,81 @@ def test_a_consumer_without_queues_is_a_config_error() -> None:
     config = replace(make_config("redis://127.0.0.1:9/0"), queues=())
     with pytest.raises(ConfigError, match=r"^queues must list at least one queue$"):
         Consumer(config, cast("Store", None))
+
+
+def test_lost_claims_of_one_tick_are_one_warning_per_kind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    claims, summary, _ = registry()
+    held = [claims.add(envelope(f"p{i}"), "t", cancelled=False) for i in range(9)]
+    scopes = [trio.CancelScope() for _ in held]
+    for claim, scope in zip(held, scopes, strict=True):
+        claim.scope = scope
+    caplog.set_level("DEBUG", logger="claimkit")
+    claims.drop_lost(held[:1], held[1:])
+    assert len(claims) == 0
+    assert all(scope.cancel_called for scope in scopes)
+    assert (summary.taken_over, summary.released_elsewhere) == (1, 8)
+    how = "released elsewhere (by drain, or a reclaimer after its lease lapsed)"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        (
+            "WARNING",
+            f"claim on p0 in {Q} was taken over by another owner after its lease lapsed; its "
+            "work here is cancelled",
+        ),
+        (
+            "WARNING",
+            f"8 claims in {Q} were {how} (p1, p2, p3, p4, p5 and 3 more); their work here is "
+            "cancelled",
+        ),
+        *[
+            ("DEBUG", f"claim on p{i} in {Q} was {how}; its work here is cancelled")
+            for i in (6, 7, 8)
+        ],
+    ]
+
+
+async def test_a_release_all_of_a_live_consumer_is_one_warning_per_tick(
+    store: Store, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real consumer holds 12 claims on a gateway call that never ends; every claim is
+    released behind its back (as ``drain --release-all`` does) and it claims them again
+    before its next heartbeat (or the heartbeat finds them gone): one warning for the 12,
+    their first work cancelled."""
+    from claimkit.producer import Producer
+
+    ids = [f"p{i:02d}" for i in range(12)]
+    for rid in ids:
+        await Producer(store, Q).submit({"id": rid, "deadline": 4_000_000_000})
+    started: list[str] = []
+    cancelled: list[str] = []
+
+    async def handler(q: object, env: Envelope, now: float) -> object:
+        started.append(env.id)
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.append(env.id)
+
+    config = make_config(redis_url, queue=Q, gateway="http://x", batch_size=20)
+    consumer = Consumer(config, store, handler=handler)  # type: ignore[arg-type]
+    ops = QueueOps(store, Q)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            while len(started) < len(ids):
+                await trio.sleep(0.02)
+            owners = dict(pairs(await store.command("HGETALL", ops.keys.owners)))
+            codes = await ops.release([(rid, owners[rid.encode()].decode(), None) for rid in ids])
+            assert codes == [ReleaseCode.RELEASED] * len(ids)
+            while len(cancelled) < len(ids):
+                await trio.sleep(0.02)
+            consumer.request_stop()
+            nursery.cancel_scope.cancel()
+    lost = [r.getMessage() for r in caplog.records if "elsewhere" in r.getMessage()]
+    assert [(r.levelname) for r in caplog.records if "elsewhere" in r.getMessage()] == ["WARNING"]
+    assert lost == [
+        f"12 claims in {Q} were released elsewhere (by drain, or a reclaimer after its lease "
+        f"lapsed) ({', '.join(ids[:5])} and 7 more); their work here is cancelled"
+    ]
+    assert consumer.summary.released_elsewhere == 12

@@ -24,9 +24,14 @@ if TYPE_CHECKING:
     from claimkit.protocol.models import Envelope, TerminalRecord
     from claimkit.protocol.ops import ReclaimCounts
 
-__all__ = ["Claim", "HeldClaims", "Summary"]
+__all__ = ["LOST_NAMED", "Claim", "HeldClaims", "Summary"]
 
 log = logging.getLogger("claimkit")
+
+LOST_NAMED = 5
+"""How many ids one heartbeat tick's warning about lost claims names (the rest at DEBUG)."""
+_TAKEN = "taken over by another owner after its lease lapsed"
+_RELEASED = "released elsewhere (by drain, or a reclaimer after its lease lapsed)"
 
 
 @dataclass
@@ -98,6 +103,7 @@ class HeldClaims:
         self.metrics = metrics
         self.given_up = 0
         self._by_id: dict[str, Claim] = {}
+        self._stale: list[Claim] = []  # replaced by add(), logged by count_claimed()
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -129,12 +135,16 @@ class HeldClaims:
         claim = Claim(env, token, cancelled=cancelled)
         stale = self._by_id.get(env.id)
         if stale is not None:
-            self.drop_released_elsewhere(stale)
+            self._lose(stale)
+            self._stale.append(stale)
         self._by_id[env.id] = claim
         return claim
 
     def count_claimed(self, n: int) -> None:
-        """Count ``n`` claims granted by one claim call."""
+        """Count ``n`` claims granted by one claim call, and the earlier claims they
+        replaced (:meth:`add`) as released elsewhere, in one warning (:meth:`drop_lost`)."""
+        stale, self._stale = self._stale, []
+        self.drop_lost([], stale)
         self.summary.claimed += n
         self.metrics.requests.inc(n)
         self.show_depth()
@@ -157,14 +167,56 @@ class HeldClaims:
 
     def drop_taken_over(self, claim: Claim) -> None:
         """The heartbeat found ``claim`` held by another owner: forget it, cancel its work."""
-        self.summary.taken_over += 1
-        self._drop(claim, "taken over by another owner after its lease lapsed")
+        self.drop_lost([claim], [])
 
     def drop_released_elsewhere(self, claim: Claim) -> None:
         """``claim`` is no longer claimed (handed back by a drain or a reclaimer): forget it,
         cancel its work."""
-        self.summary.released_elsewhere += 1
-        self._drop(claim, "released elsewhere (by drain, or a reclaimer after its lease lapsed)")
+        self.drop_lost([], [claim])
+
+    def drop_lost(self, taken: Sequence[Claim], released: Sequence[Claim]) -> None:
+        """One heartbeat tick's lost claims: ``taken`` held by another owner, ``released``
+        no longer claimed (handed back by a drain or a reclaimer). Each is forgotten and its
+        work cancelled. Logged as one WARNING per kind naming the claim, or, for several,
+        their count and the first :data:`LOST_NAMED` ids (the others at DEBUG, one line
+        each): a ``drain --release-all`` of 500 claims is one line, not 500."""
+        self.summary.taken_over += len(taken)
+        self.summary.released_elsewhere += len(released)
+        for claims, how in ((taken, _TAKEN), (released, _RELEASED)):
+            for claim in claims:
+                self._lose(claim)
+            self._log_lost(claims, how)
+
+    def _lose(self, claim: Claim) -> None:
+        claim.ours = False
+        self._forget(claim)
+        if claim.scope is not None:
+            claim.scope.cancel()
+
+    def _log_lost(self, claims: Sequence[Claim], how: str) -> None:
+        if len(claims) == 1:
+            log.warning(
+                "claim on %s in %s was %s; its work here is cancelled",
+                claims[0].env.id,
+                self.queue,
+                how,
+            )
+        elif claims:
+            ids = [c.env.id for c in claims]
+            named = ", ".join(ids[:LOST_NAMED])
+            more = f" and {len(ids) - LOST_NAMED} more" if len(ids) > LOST_NAMED else ""
+            log.warning(
+                "%d claims in %s were %s (%s%s); their work here is cancelled",
+                len(ids),
+                self.queue,
+                how,
+                named,
+                more,
+            )
+            for rid in ids[LOST_NAMED:]:
+                log.debug(
+                    "claim on %s in %s was %s; its work here is cancelled", rid, self.queue, how
+                )
 
     def drop_acking(self, claim: Claim) -> None:
         """The heartbeat found ``claim``, whose ack is under way, no longer held: forget it,
@@ -174,15 +226,6 @@ class HeldClaims:
         meanwhile; either way its work is done, and the ack's answer (:meth:`acked`) is
         the one count of it, so the exit line adds up to ``claimed``."""
         self._forget(claim)
-
-    def _drop(self, claim: Claim, how: str) -> None:
-        claim.ours = False
-        self._forget(claim)
-        if claim.scope is not None:
-            claim.scope.cancel()
-        log.warning(
-            "claim on %s in %s was %s; its work here is cancelled", claim.env.id, self.queue, how
-        )
 
     # -- ack and park (docs/protocol.md#ack, docs/protocol.md#park-for-retry) -----------------
 

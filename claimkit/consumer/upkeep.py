@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from claimkit.config import Config
+    from claimkit.consumer.claims import Claim
     from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock
     from claimkit.protocol.stats import QueueGauges
 
@@ -128,7 +129,9 @@ class Upkeep:
         released elsewhere (0) is dropped and its work cancelled: its result would be a
         duplicate. A claim whose ack is under way is only dropped (its work is done, and
         the ack counts it): an ack across slots has moved it into the outbox before it
-        answers (docs/topology.md#acks-across-slots), so the renew finds no claim."""
+        answers (docs/topology.md#acks-across-slots), so the renew finds no claim. The tick's
+        lost claims are logged together (:meth:`HeldClaims.drop_lost`): one WARNING per
+        kind with the count and the first few ids."""
         held = q.claims.all()
         if not held and self._config.consumer_liveness_ttl_seconds <= 0:
             return
@@ -138,15 +141,18 @@ class Upkeep:
         )
         self._health.answered()
         self._clock.observe(server_now)
+        taken: list[Claim] = []
+        released: list[Claim] = []
         for claim, code in zip(held, codes, strict=True):
             if code == RenewCode.RENEWED or not q.claims.holds(claim):
                 continue
             if claim.acking:
                 q.claims.drop_acking(claim)
             elif code == RenewCode.TAKEN:
-                q.claims.drop_taken_over(claim)
+                taken.append(claim)
             else:
-                q.claims.drop_released_elsewhere(claim)
+                released.append(claim)
+        q.claims.drop_lost(taken, released)
         q.claims.show_depth()
 
     # -- reclaim (docs/protocol.md#reclaim) --------------------------------------------------
