@@ -400,12 +400,18 @@ class FakeQueueOps:
             info = {"host": c.host, "pid": c.pid, "started": now, "version": c.version}
             self.q.consumer_info[c.id] = info
 
-    async def register(self) -> float | None:
+    async def register(self) -> tuple[float, dict[str, Any] | None] | None:
         if self.consumer is None:
             return None
         now = await self._enter("register")
-        self._mark_alive(self.consumer, now, replace_info=True)
-        return now
+        c = self.consumer
+        info = self.q.consumer_info.get(c.id)
+        other = None
+        if self.q.consumers.get(c.id, 0) > now and info is not None:
+            if (info.get("host"), info.get("pid")) != (c.host, c.pid):
+                other = dict(info)
+        self._mark_alive(c, now, replace_info=True)
+        return now, other
 
     async def forget_self(self) -> bool:
         if self.consumer is None:

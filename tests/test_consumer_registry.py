@@ -135,8 +135,10 @@ def test_the_default_consumer_id_comes_from_the_environment_or_the_host() -> Non
 
 async def test_register_writes_the_liveness_entry_and_the_info(store: Store) -> None:
     ops = QueueOps(store, Q, consumer=identity("pod-a", ttl=7.5))
-    now = await ops.register()
-    assert now is not None
+    registered = await ops.register()
+    assert registered is not None
+    now, other = registered
+    assert other is None
     assert await registry(store, ops) == {"pod-a": pytest.approx(now + 7.5, abs=1e-6)}
     assert await infos(store, ops) == {
         "pod-a": {
@@ -147,12 +149,76 @@ async def test_register_writes_the_liveness_entry_and_the_info(store: Store) -> 
         }
     }
     # A restart under the same id replaces the info (its start time) and the expiry.
-    again = await ops.register()
-    assert again is not None
-    assert again >= now
+    registered = await ops.register()
+    assert registered is not None
+    again, other = registered
+    assert (again >= now, other) == (True, None)  # the same host and pid: no other process
     assert (await infos(store, ops))["pod-a"]["started"] == pytest.approx(again, abs=1e-3)
     assert await QueueOps(store, Q).register() is None  # no consumer: nothing sent
     assert set(await registry(store, ops)) == {"pod-a"}
+
+
+async def test_register_tells_of_another_live_process_under_the_same_id(store: Store) -> None:
+    first = QueueOps(store, Q, consumer=ConsumerIdentity("pod-a", 10.0, "node-1", 100, "0.1.0"))
+    registered = await first.register()
+    assert registered is not None
+    started = (await infos(store, first))["pod-a"]
+    other_pid = QueueOps(store, Q, consumer=ConsumerIdentity("pod-a", 10.0, "node-1", 200, "0.1.0"))
+    registered = await other_pid.register()
+    assert registered is not None
+    assert registered[1] == started  # alive, and another pid: the first process's info
+    other_host = QueueOps(
+        store, Q, consumer=ConsumerIdentity("pod-a", 10.0, "node-2", 200, "0.1.0")
+    )
+    registered = await other_host.register()
+    assert registered is not None
+    assert registered[1] == {**started, "pid": 200, "started": pytest.approx(registered[0], abs=1)}
+    # Lapsed (a pod restarted under its name after its TTL), or marked dead: nothing to tell.
+    for score in (1000.0, -1000.0):
+        await store.command("ZADD", first.keys.consumers, score, "pod-a")
+        registered = await first.register()
+        assert registered is not None
+        assert registered[1] is None
+    # Alive with junk info, or none: nothing to tell either; the entry is replaced.
+    await store.command("HSET", first.keys.consumer_info, "pod-a", "junk")
+    registered = await other_pid.register()
+    assert registered is not None
+    assert registered[1] is None
+    assert (await infos(store, first))["pod-a"]["pid"] == 200
+
+
+async def test_serve_warns_once_of_another_live_process_under_its_id(
+    store: Store, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import trio
+    from support import make_config
+
+    from claimkit.consumer.consumer import Consumer
+
+    queues = [{"queue_name": q, "igw_base_url": "http://x"} for q in (Q, "{tenant-r}:other")]
+    config = make_config(redis_url, queues=queues)
+    other = ConsumerIdentity(config.consumer_id, 60.0, "node-9", 1, "0.0.9")
+    for q in (Q, "{tenant-r}:other"):
+        await QueueOps(store, q, consumer=other).register()
+    consumer = Consumer(config, store)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            while (await infos(store, QueueOps(store, "{tenant-r}:other")))[config.consumer_id][
+                "host"
+            ] == "node-9":
+                await trio.sleep(0.02)
+            consumer.request_stop()
+    same = [r for r in caplog.records if "is in use by another live process" in r.getMessage()]
+    assert [(r.levelname, r.getMessage()) for r in same] == [
+        (
+            "WARNING",
+            f"consumer id {config.consumer_id} is in use by another live process too (host "
+            f"node-9, pid 1, on {Q}): the two share one liveness entry, so if one dies the "
+            "other keeps it alive and the dead one's claims wait for their whole lease; give "
+            "each process its own id (--consumer-id; docs/operations.md#consumers)",
+        )
+    ]
 
 
 async def test_renew_renews_the_leases_and_the_liveness_in_one_call(store: Store) -> None:

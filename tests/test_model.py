@@ -222,7 +222,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         before = self.server_time()
         real = self.call(functools.partial(getattr(real_ops, name), **kwargs), *args)
         if name == "register":
-            self.now = real  # the server time the script read
+            self.now = real[0]  # the server time the script read
         else:
             self.now = real[0] if name in STAMPED and real[0] else before
         return real, self.call(functools.partial(getattr(fake_ops, name), **kwargs), *args)

@@ -66,6 +66,7 @@ class Upkeep:
         self.retired = trio.Event()
         """Set once the heartbeat has ended for good after :meth:`retire`."""
         self.heartbeat_running = False
+        self._warned_same_id = False
 
     def retire(self) -> None:
         """Ask the heartbeat to end: it forgets this consumer's registry entry on every
@@ -105,13 +106,26 @@ class Upkeep:
 
     async def _register(self, q: QueueRuntime) -> bool:
         try:
-            server_now = await q.ops.register()
+            registered = await q.ops.register()
         except (StoreUnavailable, StoreError) as exc:
             await self._health.failed(f"register {q.name} (registered once it answers)", exc)
             return False
-        if server_now is not None:
+        if registered is not None:
+            server_now, other = registered
             self._health.answered()
             self._clock.observe(server_now)
+            if other is not None and not self._warned_same_id:
+                self._warned_same_id = True
+                log.warning(
+                    "consumer id %s is in use by another live process too (host %s, pid %s, "
+                    "on %s): the two share one liveness entry, so if one dies the other keeps "
+                    "it alive and the dead one's claims wait for their whole lease; give each "
+                    "process its own id (--consumer-id; docs/operations.md#consumers)",
+                    self._config.consumer_id,
+                    other.get("host", "?"),
+                    other.get("pid", "?"),
+                    q.name,
+                )
         return True
 
     async def _forget_all(self) -> None:

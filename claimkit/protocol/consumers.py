@@ -108,10 +108,14 @@ class ConsumerIdentity:
         return [self.id, repr(float(self.liveness_ttl)), self.host, self.pid, self.version]
 
 
-async def register(store: Store, keys: QueueKeys, identity: ConsumerIdentity) -> float:
+async def register(
+    store: Store, keys: QueueKeys, identity: ConsumerIdentity
+) -> tuple[float, dict[str, Any] | None]:
     """Enter ``identity`` in the queue's registry (``lua/register-2.lua``): its liveness
     expiry becomes server_now + ``liveness_ttl`` and its info is replaced. Returns the
-    server time, Unix seconds.
+    server time (Unix seconds) and, when the entry was still alive and its info named
+    another host or pid, that info (``host``, ``pid``, ``started``, ``version``): another
+    live process under the same consumer id (docs/operations.md#consumers); else ``None``.
 
     Raises:
         StoreUnavailable, StoreError: from the store; safe to call again.
@@ -119,7 +123,8 @@ async def register(store: Store, keys: QueueKeys, identity: ConsumerIdentity) ->
     reply = await store.run(
         script("register"), [keys.consumers, keys.consumer_info], identity.args()
     )
-    return float(reply_text(reply))
+    other = reply_text(reply[1])
+    return float(reply_text(reply[0])), (_info(other) or None) if other else None
 
 
 async def expire_owners(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from claimkit.protocol import consumers as _consumers
 from claimkit.protocol import keys as _keys
@@ -505,10 +505,11 @@ class QueueOps:
 
     # -- the consumer registry (docs/protocol.md#consumers) ------------------------------------
 
-    async def register(self) -> float | None:
+    async def register(self) -> tuple[float, dict[str, Any] | None] | None:
         """Enter :attr:`consumer` in this queue's registry (``lua/register-2.lua``) as it
-        starts; returns the server time (Unix seconds), or ``None`` without a consumer
-        (nothing sent)."""
+        starts; returns the server time (Unix seconds) and the info of another live process
+        that held the same consumer id (another host or pid; ``None``: none), or ``None``
+        without a consumer (nothing sent)."""
         if self.consumer is None:
             return None
         return await _consumers.register(self.store, self.keys, self.consumer)
@@ -934,7 +935,7 @@ class QueueProtocol(Protocol):
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
     ) -> tuple[float, list[RenewCode]]: ...
 
-    async def register(self) -> float | None: ...
+    async def register(self) -> tuple[float, dict[str, Any] | None] | None: ...
 
     async def forget_self(self) -> bool: ...
 
