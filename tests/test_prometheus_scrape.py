@@ -193,7 +193,7 @@ def test_prometheus_sees_the_redis_state_and_the_cron_reclaim(
                 assert reclaim.returncode == 0, reclaim.stderr
                 assert reclaim.stdout == (
                     "claimkit reclaim: queues=1 redelivered=2 dead_lettered=0 ghosts=0 "
-                    "leases_restored=0\n"
+                    "leases_restored=0 handed_on=0\n"
                 )
                 after = {**expected, "pending": 6, "claimed": 1, "expired": 0}
                 assert redis_state(redis_url) == after
