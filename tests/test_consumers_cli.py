@@ -6,6 +6,7 @@ line with exit status 2."""
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -185,3 +186,94 @@ def test_the_consumer_id_variable_is_checked_as_the_flag_is(redis_url: str) -> N
     )
     one_line_error(result, code=2)
     assert "consumer id 'pod a'" in result.stderr
+
+
+POD = "claimkit-7d9f8b6c4-x2k9p"
+HOST = "ip-10-0-12-34.eu-west-1.compute.internal"
+
+
+async def seed_pods(store: Store) -> float:
+    """Three pod-style consumers, alive, dead and handed on, on a long host name; the
+    alive and the dead one hold a claim each."""
+    now = await server_now(store)
+    plain = QueueOps(store, Q)
+    ids = {"alive": POD, "dead": POD[:-5] + "dead1", "gone": POD[:-5] + "gone1"}
+    for cid in ids.values():
+        identity = ConsumerIdentity(cid, 60.0, HOST, 4194304, "0.1.0")
+        await QueueOps(store, Q, consumer=identity).register()
+    await store.command(
+        "ZADD",
+        plain.keys.consumers,
+        "XX",
+        f"{now - 5:.6f}",
+        ids["dead"],
+        f"{-(now - 50):.6f}",
+        ids["gone"],
+    )
+    for i, cid in enumerate([ids["alive"], ids["dead"]]):
+        env = parse_member(member(f"req-2f9c1e7a-4b1d-{i}", FAR))
+        assert isinstance(env, Envelope)
+        await store.command("ZADD", Q, FAR, env.raw)
+        _, codes = await plain.claim([(env, new_token(cid, now=now - 3))], 300)
+        assert codes == [1]
+    return now
+
+
+def narrow(args: list[str], url: str, columns: int) -> list[str]:
+    from support import runner
+
+    from claimkit.cli.app import app
+
+    result = runner.invoke(app, args, env={"REDIS_URL": url, "COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= columns, result.stdout
+    return lines
+
+
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.split("│")[1:-1]]
+
+
+def test_the_consumer_id_stays_whole_on_80_columns(redis_url: str) -> None:
+    redis(redis_url, seed_pods)
+    lines = narrow(["consumers", "-q", Q], redis_url, 80)
+    rows = [cells(line) for line in lines if line.startswith("│ claimkit-")]
+    # One line per consumer id, whole; state wraps onto a second line; host is cut short.
+    assert [row[:2] for row in rows] == [
+        [POD[:-5] + "gone1", "dead, claims"],
+        [POD[:-5] + "dead1", "dead"],
+        [POD, "alive"],
+    ]
+    assert [(row[3], row[5]) for row in rows] == [("0", "ip-…"), ("1", "ip-…"), ("1", "ip-…")]
+    assert rows[0][4] == "-"
+    assert all(re.fullmatch(r"\d\.\ds", row[4]) for row in rows[1:]), rows  # 3 s old claims
+    second = lines[lines.index(next(line for line in lines if "gone1" in line)) + 1]
+    assert cells(second)[:2] == ["", "handed on"]
+    assert lines[-1] == "(no room for pid: see --json)"
+
+    shown = narrow(["inspect", "-q", Q], redis_url, 80)
+    table = [cells(line) for line in shown if line.startswith("│ claimkit-")]
+    assert [row[:2] for row in table] == [row[:2] for row in rows]
+    claims = [cells(line) for line in shown if line.startswith("│ req-")]
+    assert [row[1] for row in claims] == [POD, POD[:-5] + "dead1"]
+    assert shown.count("(no room for pid: see --json)") == 1
+    assert "(no room for held, owner: see --json)" in shown
+
+
+def test_the_consumer_id_stays_whole_on_60_columns(redis_url: str) -> None:
+    redis(redis_url, seed_pods)
+    lines = narrow(["consumers", "-q", Q], redis_url, 60)
+    rows = [cells(line) for line in lines if line.startswith("│ claimkit-")]
+    assert [row[:2] for row in rows] == [
+        [POD[:-5] + "gone1", "dead, claims"],
+        [POD[:-5] + "dead1", "dead"],
+        [POD, "alive"],
+    ]
+    assert [row[2][-4:] for row in rows] == [" ago", " ago", rows[2][2][-4:]]
+    assert rows[2][2].startswith("in ")
+    assert lines[-1] == "(no room for pid, host, oldest claim, claims: see --json)"
+    shown = narrow(["inspect", "-q", Q], redis_url, 60)
+    claims = [cells(line) for line in shown if line.startswith("│ req-")]
+    assert [row[1] for row in claims] == [POD, POD[:-5] + "dead1"]
+    assert "(no room for held, owner, deliveries: see --json)" in shown
