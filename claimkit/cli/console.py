@@ -25,7 +25,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
-    from rich.text import JustifyMethod
+    from rich.console import JustifyMethod
 
     from claimkit.ops.consumers import ConsumerRow, ConsumersView
     from claimkit.ops.dead import DeadLetter, DeathCause
@@ -341,23 +341,25 @@ def consumers_view_text(
     views: Sequence[ConsumersView],
     forgotten: dict[str, list[str]] | None = None,
     *,
-    dead: bool = True,
+    forget_dead: bool = True,
 ) -> RenderableType:
     """The ``claimkit consumers`` screen: per queue a header line (alive and dead counts)
     and the consumer table, after a line per queue whose entries ``--forget-dead``
-    (``dead``) or ``--forget`` removed (``forgotten``): ``queue q: forgot 1 dead
+    (``forget_dead``) or ``--forget`` removed (``forgotten``): ``queue q: forgot 1 dead
     consumer: <id>``."""
     parts: list[RenderableType] = []
-    kind = "dead consumer" if dead else "consumer"
+    kind = "dead consumer" if forget_dead else "consumer"
     for queue, ids in (forgotten or {}).items():
         line = f"queue {queue}: forgot {len(ids)} {kind}{'' if len(ids) == 1 else 's'}"
         parts.append(Text(line + (f": {', '.join(ids)}" if ids else "")))
     for view in views:
         alive = sum(1 for row in view.rows if row.alive)
-        dead = sum(1 for row in view.rows if row.state.startswith("dead"))
+        n_dead = sum(1 for row in view.rows if row.state.startswith("dead"))
         header = Text()
         header.append(f"queue {view.queue}", style="bold")
-        header.append(f"  server time {format_time(view.server_time)}  alive {alive}  dead {dead}")
+        header.append(
+            f"  server time {format_time(view.server_time)}  alive {alive}  dead {n_dead}"
+        )
         parts.append(header)
         if view.rows:
             parts.append(consumers_table(view.rows, now=view.server_time, exact=view.exact))
