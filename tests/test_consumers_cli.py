@@ -97,7 +97,7 @@ def test_consumers_lists_each_consumer_with_its_state_and_claims(redis_url: str)
     assert " ago " in rows["dead"]
     assert "alive" in rows["live"]
     assert "in 5" in rows["live"]  # its entry expires in ~59 s
-    assert "42." in rows["live"]  # its oldest claim is 42 s old
+    assert re.search(r"│ +4\d\.\ds │", rows["live"])  # its oldest claim is 42 s old
     assert "unregistered" in rows["ghost-7"]
 
 
@@ -277,3 +277,96 @@ def test_the_consumer_id_stays_whole_on_60_columns(redis_url: str) -> None:
     claims = [cells(line) for line in shown if line.startswith("│ req-")]
     assert [row[1] for row in claims] == [POD, POD[:-5] + "dead1"]
     assert "(no room for held, owner, deliveries: see --json)" in shown
+
+
+def registry(url: str) -> tuple[Any, Any]:
+    async def read(store: Store) -> tuple[Any, Any]:
+        return (
+            await store.command("ZRANGE", f"{Q}:consumers", 0, -1),
+            await store.command("HKEYS", f"{Q}:consumer-info"),
+        )
+
+    return redis(url, read)
+
+
+def test_forget_dead_names_what_it_forgot_in_json_and_text(redis_url: str) -> None:
+    redis(redis_url, seed)
+    result = invoke(["consumers", "-q", Q, "--forget-dead", "--json"], redis_url)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert sorted(doc["queues"][0]["forgotten"]) == ["dead", "gone"]
+    redis(redis_url, lambda s: s.command("ZADD", f"{Q}:consumers", 1, "zombie"))
+    text = invoke(["consumers", "-q", Q, "--forget-dead"], redis_url)
+    assert text.stdout.splitlines()[0] == f"queue {Q}: forgot 1 dead consumer: zombie"
+
+
+def test_forget_removes_named_entries_and_refuses_a_live_one(redis_url: str) -> None:
+    redis(redis_url, seed)
+    line = one_line_error(
+        invoke(["consumers", "-q", Q, "--forget", "dead", "--forget", "live"], redis_url)
+    )
+    assert (
+        line == f"claimkit: consumer 'live' of queue {Q} is alive; --force removes its entry anyway"
+    )
+    assert sorted(registry(redis_url)[0]) == [b"dead", b"gone", b"live"]  # nothing removed
+    one_line_error(
+        invoke(["consumers", "-q", Q, "--forget", "dead", "--forget", "nope"], redis_url),
+        f"no consumer entry 'nope' in queue {Q}",
+    )
+    one_line_error(
+        invoke(["consumers", "-q", Q, "--force"], redis_url), "--force needs --forget ID", code=2
+    )
+
+    result = invoke(["consumers", "-q", Q, "--forget", "dead", "--forget", "gone"], redis_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == f"queue {Q}: forgot 2 consumers: dead, gone"
+    assert registry(redis_url) == ([b"live"], [b"live"])
+    forced = invoke(["consumers", "-q", Q, "--forget", "live", "--force", "--json"], redis_url)
+    assert forced.exit_code == 0, forced.output
+    doc = json.loads(forced.stdout)
+    assert doc["forgotten"] == {Q: ["live"]}
+    assert doc["queues"][0]["forgotten"] == ["live"]
+    assert registry(redis_url) == ([], [])
+
+
+async def odd_scores(store: Store) -> None:
+    await store.command("ZADD", f"{Q}:consumers", "1e300", "far", "inf", "infy", "-inf", "neg")
+    await store.command(
+        "HSET", f"{Q}:consumer-info", "far", "not json", "infy", '{"host":5,"pid":"x"}'
+    )
+
+
+def test_odd_scores_and_unreadable_info_are_shown_as_such(redis_url: str) -> None:
+    redis(redis_url, odd_scores)
+    result = invoke(["consumers", "-q", Q], redis_url)
+    assert result.exit_code == 0, result.output
+    rows = {
+        row[0]: row
+        for row in (cells(line) for line in result.stdout.splitlines() if line.startswith("│ "))
+    }
+    assert rows["neg"] == ["neg", "dead, claims handed on", "unknown", "0", "-", "-", "-"]
+    assert rows["far"][:3] == ["far", "alive (expiry too far ahead)", "in 1.16e+295d"]
+    assert rows["far"][5:] == ["(unreadable info)", "-"]
+    assert rows["infy"] == [
+        "infy",
+        "alive (expiry too far ahead)",
+        "unknown",
+        "0",
+        "-",
+        "(unreadable info)",
+        "-",
+    ]
+    doc = json.loads(invoke(["consumers", "-q", Q, "--json"], redis_url).stdout)
+    got = {row["consumer"]: row for row in doc["queues"][0]["consumers"]}
+    assert got["far"]["info_error"] == "not JSON"
+    assert got["infy"]["info_error"] == "host is not a string; pid is not a number"
+    assert "info_error" not in got["neg"]
+    assert (got["infy"]["state"], got["infy"]["alive"]) == ("alive (expiry too far ahead)", True)
+    assert got["neg"]["state"] == "dead, claims handed on"
+    # Too-far-ahead entries never lapse: --forget removes them without --force.
+    gone = invoke(
+        ["consumers", "-q", Q, "--forget", "far", "--forget", "infy", "--forget", "neg"], redis_url
+    )
+    assert gone.exit_code == 0, gone.output
+    assert gone.stdout.splitlines()[0] == f"queue {Q}: forgot 3 consumers: neg, far, infy"
+    assert registry(redis_url) == ([], [])

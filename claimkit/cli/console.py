@@ -326,6 +326,8 @@ def consumers_table(
             col.cells.append(cells[name])
     for name in ("liveness expires", "oldest claim"):
         cols[name].minimum = _longest_word(cols[name].header, *cols[name].cells)
+    if any(row.info_error is not None for row in rows):
+        cols["host"].minimum = min(cols["host"].natural, len("(unreadable info)"))
     # Two lines at most: "dead, claims" over "handed on".
     cols["state"].minimum = min(cols["state"].natural, 12)
     return _FittedTable(
