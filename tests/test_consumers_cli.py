@@ -188,6 +188,35 @@ def test_the_consumer_id_variable_is_checked_as_the_flag_is(redis_url: str) -> N
     assert "consumer id 'pod a'" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("env", "source"),
+    [
+        ({"POD_NAME": "pod/a"}, "$POD_NAME"),
+        ({"CLAIMKIT_CONSUMER_ID": "pod/a", "POD_NAME": "fine"}, "$CLAIMKIT_CONSUMER_ID"),
+    ],
+)
+def test_a_bad_consumer_id_names_the_variable_it_came_from(
+    redis_url: str, env: dict[str, str], source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support import runner
+
+    from claimkit.cli.app import app
+
+    for name, value in env.items():  # default_consumer_id reads os.environ
+        monkeypatch.setenv(name, value)
+    result = runner.invoke(
+        app,
+        ["serve", "--transport-config", config_json(redis_url)],
+        env={**env, "COLUMNS": "200"},
+    )
+    one_line_error(
+        result,
+        f"{source}: consumer id 'pod/a' must be 1 to 127 letters, digits, '.', '_' or '-', "
+        "starting with a letter or a digit",
+        code=2,
+    )
+
+
 POD = "claimkit-7d9f8b6c4-x2k9p"
 HOST = "ip-10-0-12-34.eu-west-1.compute.internal"
 
