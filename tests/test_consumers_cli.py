@@ -392,6 +392,13 @@ def test_odd_scores_and_unreadable_info_are_shown_as_such(redis_url: str) -> Non
     assert "info_error" not in got["neg"]
     assert (got["infy"]["state"], got["infy"]["alive"]) == ("alive (expiry too far ahead)", True)
     assert got["neg"]["state"] == "dead, claims handed on"
+    inspected = json.loads(invoke(["inspect", "-q", Q, "--json"], redis_url).stdout)
+    errors = {row["consumer"]: row.get("info_error") for row in inspected["consumers"]}
+    assert errors == {
+        "neg": None,
+        "far": "not JSON",
+        "infy": "host is not a string; pid is not a number",
+    }
     # Too-far-ahead entries never lapse: --forget removes them without --force.
     gone = invoke(
         ["consumers", "-q", Q, "--forget", "far", "--forget", "infy", "--forget", "neg"], redis_url
