@@ -8,12 +8,13 @@ against the real scripts."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
-from support import wait_for
+from support import StoreWrapper, wait_for
 
 from claimkit.config import load_config
 from claimkit.consumer.consumer import Consumer, QueueRuntime
@@ -21,10 +22,13 @@ from claimkit.consumer.dispatch import Done, Outcome, Retry
 from claimkit.dev.sim import SimConfig, serve_sim
 from claimkit.producer import Producer
 from claimkit.protocol.models import Envelope, TerminalRecord
-from claimkit.store import Store, open_store
+from claimkit.store import Store, StoreUnavailable, open_store
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from claimkit.store import Arg
+    from claimkit.store.scripts import Script
 
 Q = "requests"
 
@@ -399,12 +403,67 @@ async def test_shutdown_with_redis_gone_is_bounded_and_counts_what_will_lapse(
             async with trio.open_nursery() as nursery:
                 await nursery.start(consumer.run)
 
+                # The consumer's own view, not only Redis's: the claim script may have run
+                # (HLEN 4) while its reply is still on the way to the poller, and a claim
+                # whose reply the consumer never reads is not one it holds or can count.
                 async def all_claimed() -> bool:
-                    return bool(await store.command("HLEN", f"{Q}:claim-owners") == 4)
+                    held = await store.command("HLEN", f"{Q}:claim-owners")
+                    return consumer.held_count() == 4 and held == 4
 
-                await wait_for(all_claimed, "4 claims")
+                await wait_for(all_claimed, "4 claims, held by the consumer")
                 await trio.to_thread.run_sync(server.kill)
                 consumer.request_stop()
                 consumer.request_stop()  # the second signal: skip the drain, hurry the rest
     assert consumer.summary.left_to_lapse == 4
     assert consumer.summary.released == 0
+
+
+class LosesFirstClaimReply(StoreWrapper):
+    """A store whose first claim reply is lost after Redis ran the script (the connection
+    dies on the way back, or the call times out under load)."""
+
+    lost = False
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        reply = await self.inner.run(script, keys, args)
+        if script.name == "claim" and not self.lost:
+            self.lost = True
+            raise StoreUnavailable("Connection lost while receiving response")
+        return reply
+
+
+async def test_a_claim_whose_reply_was_lost_is_said_and_redelivered(
+    store: Store, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Claims granted by a call whose reply never came back are Redis's, under tokens the
+    consumer never learned: it holds and counts none of them, says so, and their leases
+    lapse; its reclaimer redelivers them and each request gets one record."""
+    await Producer(store, Q).submit_many(
+        [{"id": f"l{i}", "deadline": deadline()} for i in range(2)]
+    )
+
+    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        return Done(TerminalRecord.http(env.id, 200, "{}"))
+
+    lossy = LosesFirstClaimReply(store)
+    consumer = Consumer(make_config(redis_url, "http://127.0.0.1:9"), lossy, handler=handler)
+    with caplog.at_level(logging.WARNING, logger="claimkit"), trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+            await wait_for(lambda: _count(store, "result-list", 2), "2 records")
+            consumer.request_stop()
+    assert lossy.lost
+    assert sorted(r["id"] for r in await records(store)) == ["l0", "l1"]
+    assert await claim_state(store) == {"pending": 0, "claimed": 0, "owners": 0, "index": 0}
+    summary = consumer.summary
+    assert (summary.claimed, summary.acked, summary.redelivered) == (2, 2, 2)
+    assert summary.left_to_lapse == 0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "claimkit"]
+    assert any(
+        m.startswith(f"claim {Q}: Connection lost while receiving response; up to 2 requests")
+        for m in warnings
+    ), warnings
+
+
+async def _count(store: Store, key: str, n: int) -> bool:
+    return bool(await store.command("LLEN", key) == n)

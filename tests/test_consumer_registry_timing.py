@@ -158,7 +158,10 @@ async def test_a_live_consumer_whose_requests_are_slow_keeps_its_claims(
             await trio.sleep_until(70)
             peer.request_stop()
         run.consumer.request_stop()
-    assert slow.cancelled == {}
+    # Whichever consumer's poll came first claimed the handed-on request again; it never
+    # finishes, so the shutdown at 70 s cancels it there. slow's own two were never cut.
+    assert slow.cancelled.keys() <= {"orphaned"}
+    assert {**slow.cancelled, **peer_handler.cancelled}.keys() == {"orphaned"}
     assert (run.summary.taken_over, run.summary.released_elsewhere) == (0, 0)
     assert (peer.summary.taken_over, peer.summary.released_elsewhere) == (0, 0)
     assert sorted(r["id"] for r in server.records()) == ["s0", "s1"]

@@ -21,8 +21,13 @@ over 30 s, so each bound of ``lua/_lease.lua`` binds: the ``deadline + 30`` cap 
 ``now + min(ttl, 30)`` floor.
 
 Hypothesis runs deterministically (``derandomize``, no example database): CI runs the same
-cases every time. At the end every reply code of claim, renew, release and park, each bound
-of the lease rule, and a move by dead-letter, the mover and reclaim must have been seen.
+cases every time. Nothing may lapse on the wall clock within an example (the shortest lease
+is 25 s, a consumer's liveness far longer), or which steps are drawn would depend on the
+machine's speed. At the end every reply code of claim, renew, release and park, each bound
+of the lease rule, and a move by dead-letter, the mover and reclaim must have been seen;
+the outcomes that need a lapse (a stalled owner turned away, its late ack keeping the
+payload key, a failover that cut a lease) are produced at every example's start as well
+(:meth:`ProtocolMachine.stale_ack_keeps_the_payload`), so no run depends on drawing them.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ K = QueueKeys.for_queue(Q)
 RESULTS = "result-list"
 RETRY = "retry-sortedset"
 # Lease ttls: under 30 s (the floor is now + ttl), and over it (the floor is now + 30).
-LEASES = [10.0, 60.0, 120.0]
+LEASES = [25.0, 60.0, 120.0]
 # "a" and "a:score" share the claimed hash ("a:score" is also a's score field), so they
 # collide; the others are odd ids from SPEC §1's point of view (":", "{", unicode).
 IDS = ["a", "a:score", "{t}:b", "ü é"]
@@ -99,6 +104,10 @@ MOVES |= {"ack_payload": "deleted kept"}  # an ack that ended the request, and a
 MOVES |= {"expire_owners": "cut none held", "registry": "register renew forget"}
 # Consumers of the registry rules, and who each claim's token names ("": a bare token).
 CONSUMERS = ["ca", "cb"]
+# Their liveness ttl (seconds): far beyond any example, so an entry lapses only when the
+# failover rule writes a past score. A few seconds would let entries lapse on the wall clock
+# in a slow run, and the failover then cut their claims: the run would depend on the machine.
+LIVENESS_TTL = 100_000.0
 OWNERS = ["ca", "cb", ""]
 REQUIRED: set[tuple[str, Any]] = {(op, c) for op, cs in CODES.items() for c in cs}
 REQUIRED |= {(op, what) for op, whats in MOVES.items() for what in whats.split()}
@@ -192,7 +201,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 self.fake.ops(Q, consumer=identity, **kwargs),
             )
             for cid in CONSUMERS
-            for identity in [ConsumerIdentity(cid, 5.0, "host", 7, "0.1.0")]
+            for identity in [ConsumerIdentity(cid, LIVENESS_TTL, "host", 7, "0.1.0")]
         }
         self.tickets: list[Ticket] = []
         self.members: list[bytes] = []
@@ -249,6 +258,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         and some malformed members pending: every example starts with claims to renew, ack,
         park, release and let lapse, and members to dead-letter."""
         self.redis("FLUSHDB")
+        self.stale_ack_keeps_the_payload()
         for rid, (gen, when, cancelled) in zip(IDS, seed, strict=True):
             self.add(rid, gen, when)
             if cancelled:
@@ -257,6 +267,52 @@ class ProtocolMachine(RuleBasedStateMachine):
         for raw, pending in zip(INVALID, invalid, strict=True):
             if pending:
                 self.add_invalid(raw)
+
+    def stale_ack_keeps_the_payload(self) -> None:
+        """A request with a payload key, claimed under a registered consumer's token; the
+        consumer's liveness entry lapses, the failover cuts the lease, a reclaim redelivers
+        the request and another token claims it. The stalled first owner wakes: its
+        heartbeat, release and park are turned away, and its ack is a late duplicate that
+        keeps the payload key (the request lives on); the new owner's ack ends the request
+        and deletes it.
+
+        Every example starts with this, each call made on Redis and on the fake and the
+        whole state compared after each step, as the rules do. These outcomes need a lease
+        or a liveness entry to lapse; whether the drawn steps reach one depends on the
+        state they find, so a run must not count on them for its coverage: here the lapses
+        are written, and the outcomes are seen on any machine, however slow."""
+        rid, gen, ttl = IDS[2], GENS[2], LEASES[1]
+        ref = request_payload(rid, gen)
+        cid = OWNERS[(self.serial + 1) % len(OWNERS)]  # whom the next claim's token names
+        assert cid in CONSUMERS
+        self.consumer_acts(cid, "register", ttl)
+        self.add(rid, gen, "far")
+        self.claim_pending(ttl)
+        stalled = self.tickets[-1]
+        assert stalled.token.startswith(cid + "/")
+        self.redis_matches_the_fake()
+        # The owner's liveness entry lapses: the failover cuts its lease, a reclaim redelivers.
+        self.redis("ZADD", K.consumers, "XX", 1, cid)
+        self.fq.consumers[cid] = 1.0
+        real, fake = self.both("expire_owners")
+        assert real == fake
+        assert real[1], real
+        self.saw("expire_owners", ["cut"])
+        self.redis_matches_the_fake()
+        self.reclaim(0, 500)
+        self.claim_pending(ttl)
+        owner = self.tickets[-1]
+        assert owner.token != stalled.token
+        assert self.stolen_tickets() == [stalled]
+        self.redis_matches_the_fake()
+        self.stalled_owner_wakes_of(stalled, ttl)
+        self.redis_matches_the_fake()
+        self.ack_ticket(stalled)
+        assert ref in self.fake.payloads
+        self.redis_matches_the_fake()
+        self.ack_ticket(owner)
+        assert ref not in self.fake.payloads
+        self.redis_matches_the_fake()
 
     def claim_pending(self, ttl: float) -> None:
         """Claim every valid pending member, earliest deadline first, as a poller would."""
@@ -407,7 +463,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(ttl=st.sampled_from(LEASES[1:]))
     def heartbeat(self, ttl: float) -> None:
         """An owner's heartbeat: one renew of every claim it holds (with a ttl over 30 s,
-        so a lease granted for 10 s grows, to its ttl or to its deadline + 30)."""
+        so a lease granted for 25 s grows, to its ttl or to its deadline + 30)."""
         self.renew_tickets(self.live_tickets(), ttl)
 
     def renew_tickets(self, tickets: list[Ticket], ttl: float, wrong: bool = False) -> None:
@@ -497,7 +553,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     def stalled_owner_wakes(self, data: st.DataObject, ttl: float) -> None:
         """An owner stalled past its lease, its request claimed since by another: its
         heartbeat, release and park are all turned away, and the new claim is untouched."""
-        t = data.draw(st.sampled_from(self.stolen_tickets()))
+        self.stalled_owner_wakes_of(data.draw(st.sampled_from(self.stolen_tickets())), ttl)
+
+    def stalled_owner_wakes_of(self, t: Ticket, ttl: float) -> None:
         deadline = envelope(t.member).deadline
         real, fake = self.both("renew", [(t.id, t.token, deadline)], ttl)
         assert real == fake
@@ -638,7 +696,8 @@ async def test_claim_protocol_matches_the_fake(store: Store) -> None:
 
     Machine.store = store
     Machine.seen = Counter()
-    with trio.fail_after(120):
+    # A bound against a hang, not a speed test: a loaded 2-core machine takes minutes.
+    with trio.fail_after(900):
         await trio.to_thread.run_sync(lambda: run_state_machine_as_test(Machine, settings=SETTINGS))
     # Every reply code came up, and every mover moved something: the rules still reach them.
     assert REQUIRED - Machine.seen.keys() == set(), dict(Machine.seen)

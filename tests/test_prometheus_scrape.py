@@ -28,6 +28,7 @@ pytestmark = pytest.mark.slow
 
 CLAIMKIT = str(Path(sys.executable).with_name("claimkit"))
 Q = "q"
+SERVE_ID = "a-serve"
 FAR = 4102444800  # 2100-01-01
 DAY_MS = 86_400_000
 
@@ -96,7 +97,15 @@ def serving(redis_url: str, log: Path) -> Iterator[int]:
         }
         with log.open("w") as err:
             proc = subprocess.Popen(
-                [CLAIMKIT, "serve", "--transport-config", json.dumps(config)],
+                [
+                    CLAIMKIT,
+                    "serve",
+                    "--transport-config",
+                    json.dumps(config),
+                    # Sorts before the seeded "c-1": this serve is the queue's exporter.
+                    "--consumer-id",
+                    SERVE_ID,
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 env={**os.environ, "REDIS_URL": redis_url},
@@ -136,6 +145,10 @@ def test_prometheus_sees_the_redis_state_and_the_cron_reclaim(
         *claim("sentinel", now - 10),
     )
     with serving(redis_url, log) as port:
+        poll_until(
+            "serve's registry entry",
+            lambda: do(redis_url, ("ZSCORE", f"{Q}:consumers", SERVE_ID))[0] is not None,
+        )
         # The reclaimer's run at start redelivers the sentinel; the next run is a day away.
         poll_until(
             "serve's first reclaim",
@@ -152,7 +165,7 @@ def test_prometheus_sees_the_redis_state_and_the_cron_reclaim(
             "dead": 2,
             "retry": 4,
             "retry_dead": 1,
-            "alive": 1,
+            "alive": 2,  # c-1 and the serve itself
         }
         assert redis_state(redis_url) == expected
 

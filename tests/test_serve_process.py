@@ -307,7 +307,7 @@ def test_a_redis_restart_is_logged_in_lines_not_tracebacks(
     Redis went away and one that it answers again, never a library's traceback."""
     server = redis_factory(aof="always")
     log = tmp_path / "r.log"
-    proc = serve(server.url, "http://127.0.0.1:9", log)
+    proc = serve(server.url, "http://127.0.0.1:9", log, "--consumer-id", "restart-1")
     try:
         wait_log(proc, log, "claimkit: serving ")
         server.kill()
@@ -322,7 +322,7 @@ def test_a_redis_restart_is_logged_in_lines_not_tracebacks(
         # Both HTTP servers are off: the start line names no bind address.
         started = [line for line in text.splitlines() if "claimkit: serving " in line]
         assert [line.split(" INFO ", 1)[1] for line in started] == [
-            f"claimkit: serving {Q} on {server.url} (metrics off, health off)"
+            f"claimkit: serving {Q} on {server.url} as consumer restart-1 (metrics off, health off)"
         ]
     finally:
         if proc.poll() is None:

@@ -69,8 +69,22 @@ def _options(
     """
 
 
+def _consumer_id_source(ctx: typer.Context) -> str:
+    """Where serve's consumer id came from, as an error names it: ``--consumer-id``,
+    ``$CLAIMKIT_CONSUMER_ID``, ``$POD_NAME`` or the host name (``<host>-<pid>``)."""
+    source = getattr(ctx.get_parameter_source("consumer_id"), "name", None)
+    if source == "COMMANDLINE":
+        return "--consumer-id"
+    if source == "ENVIRONMENT":
+        return "$CLAIMKIT_CONSUMER_ID"
+    if os.environ.get("POD_NAME"):
+        return "$POD_NAME"
+    return "the default consumer id (<host name>-<pid>)"
+
+
 @app.command()
 def serve(
+    ctx: typer.Context,
     transport_config: TransportConfig = None,
     transport_config_file: TransportConfigFile = None,
     redis_url: RedisUrl = None,
@@ -141,15 +155,18 @@ def serve(
         str | None,
         typer.Option(
             envvar="CLAIMKIT_CONSUMER_ID",
+            metavar="ID",
             help="This consumer's id, 1-127 of [A-Za-z0-9._-]: the first part of every "
-            "claim's token and its name in `claimkit consumers` (default $POD_NAME, else "
-            "<host>-<pid>; docs/cli.md#claimkit-serve).",
+            "claim's token and its name in `claimkit consumers` (default "
+            "$CLAIMKIT_CONSUMER_ID, else $POD_NAME, else <host>-<pid>; "
+            "docs/cli.md#claimkit-serve).",
             show_default=False,
         ),
     ] = None,
     consumer_liveness_ttl: Annotated[
         float | None,
         typer.Option(
+            metavar="SECONDS",
             help="Seconds a consumer's liveness entry outlives its last heartbeat; once it "
             "lapses, any reclaimer hands its claims on. 0 turns the registry off (default "
             "10; docs/operations.md#consumers).",
@@ -186,7 +203,7 @@ def serve(
         consumer_id = default_consumer_id()  # $POD_NAME, else <host>-<pid>
     problem = consumer_id_problem(consumer_id)
     if problem is not None:
-        usage_error(f"--consumer-id: {problem}")
+        usage_error(f"{_consumer_id_source(ctx)}: {problem}")
     config = config_from(
         transport_config,
         transport_config_file,

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -22,6 +24,8 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
+
+    from rich.console import JustifyMethod
 
     from claimkit.ops.consumers import ConsumerRow, ConsumersView
     from claimkit.ops.dead import DeadLetter, DeathCause
@@ -120,25 +124,114 @@ def short_token(token: str | None) -> str:
     return "-" if token is None else token[-SHORT_TOKEN:]
 
 
-def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = None) -> Table:
-    """The claim table: id, owner (short), lease left (server clock), deliveries, held
-    (when any row knows it: exact from a claimkit token, ``≥`` a lower bound seen by
-    ``--watch``), and its deadline relative to ``now`` (the original pending score it
-    returns at; Unix seconds, server clock).
+@dataclass(slots=True)
+class _Col:
+    """One column of a :class:`_FittedTable`: its header, cells, how narrow it may get
+    (``minimum``, characters; ``None``: it keeps its natural width) and how it gives way:
+    ``"wrap"`` at spaces, ``"ellipsis"`` (one line, cut with ``…``)."""
 
-    Expired leases are shown in bold red; ghost entries (no owner or payload) dimmed.
+    header: str
+    cells: list[str | Text]
+    justify: JustifyMethod = "left"
+    minimum: int | None = None
+    give: str = "wrap"
+
+    @property
+    def natural(self) -> int:
+        return max(cell_len(str(c)) for c in [self.header, *self.cells])
+
+
+def _longest_word(*texts: str | Text) -> int:
+    return max((cell_len(w) for t in texts for w in str(t).split()), default=1)
+
+
+class _FittedTable:
+    """A table laid out for the width it is drawn in (a terminal of 80 or 60 columns, the
+    live view): columns keep their natural width when all fit; else the ``shrink`` ones
+    (in that order) wrap or are cut down to their ``minimum``, and when even that is too
+    wide the ``drop`` ones (in that order) are left out, named in a dim line under it.
+    Columns with no ``minimum`` (the consumer id) never wrap."""
+
+    def __init__(
+        self,
+        columns: dict[str, _Col],
+        *,
+        styles: list[str],
+        shrink: Sequence[str],
+        drop: Sequence[str],
+        title: str | None,
+    ) -> None:
+        self.columns, self.styles, self.title = columns, styles, title
+        self.shrink, self.drop = shrink, drop
+
+    def widths(self, room: int) -> tuple[dict[str, int], list[str]]:
+        """The width of each column shown and the columns left out, for ``room`` columns."""
+        names = list(self.columns)
+        dropped: list[str] = []
+        while True:
+            widths = {n: self.columns[n].natural for n in names}
+            # Each column has a space either side and a rule before it; one rule closes.
+            excess = sum(widths.values()) + 3 * len(names) + 1 - room
+            for n in self.shrink:
+                if excess <= 0:
+                    break
+                if n in widths:
+                    floor = self.columns[n].minimum or widths[n]
+                    cut = max(0, min(excess, widths[n] - floor))
+                    widths[n] -= cut
+                    excess -= cut
+            left = [n for n in self.drop if n in names]
+            if excess <= 0 or not left:
+                return widths, dropped
+            names.remove(left[0])
+            dropped.append(left[0])
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        widths, dropped = self.widths(options.max_width)
+        table = Table(title=self.title, title_justify="left", expand=False)
+        for name, width in widths.items():
+            col = self.columns[name]
+            wrap = col.minimum is not None and col.give == "wrap"
+            table.add_column(
+                col.header,
+                justify=col.justify,
+                width=width,
+                no_wrap=not wrap,
+                overflow="fold" if wrap else "ellipsis",
+            )
+        shown = [self.columns[n] for n in widths]
+        for i, style in enumerate(self.styles):
+            table.add_row(*(col.cells[i] for col in shown), style=style)
+        yield table
+        if dropped:
+            yield Text(f"(no room for {', '.join(dropped)}: see --json)", style="dim")
+
+
+def claims_table(
+    rows: Sequence[ClaimRow], *, now: float, title: str | None = None
+) -> RenderableType:
+    """The claim table: id, consumer (the id its token names), owner (short), lease left
+    (server clock), deliveries, held (when any row knows it: exact from a claimkit token,
+    ``≥`` a lower bound seen by ``--watch``), and its deadline relative to ``now`` (the
+    original pending score it returns at; Unix seconds, server clock).
+
+    Laid out for the terminal's width: the consumer id stays whole on one line; the claim id
+    folds first, then the lease and deadline wrap; on a narrow terminal held, owner,
+    deliveries and deadline are left out, in that order. Expired leases are shown in bold
+    red; ghost entries (no owner or payload) dimmed.
     """
-    table = Table(title=title, title_justify="left", expand=False)
-    # Only the id folds: on 80 columns every other cell stays on one line.
-    table.add_column("id", overflow="fold")
-    table.add_column("consumer", overflow="fold")
-    table.add_column("owner", no_wrap=True)
-    table.add_column("lease left", justify="right", no_wrap=True)
-    table.add_column("deliveries", justify="right", no_wrap=True)
     tracked = any(row.held_seconds is not None for row in rows)
+    cols = {
+        "id": _Col("id", [], minimum=6),
+        "consumer": _Col("consumer", []),
+        "owner": _Col("owner", []),
+        "lease left": _Col("lease left", [], justify="right"),
+        "deliveries": _Col("deliveries", [], justify="right"),
+    }
     if tracked:
-        table.add_column("held", justify="right", no_wrap=True)
-    table.add_column("deadline", no_wrap=True)
+        cols["held"] = _Col("held", [], justify="right")
+    cols["deadline"] = _Col("deadline", [])
+    styles: list[str] = []
     for row in rows:
         if row.expired:
             lease = Text(f"expired {format_duration(row.lease_left)} ago", style="bold red")
@@ -148,67 +241,127 @@ def claims_table(rows: Sequence[ClaimRow], *, now: float, title: str | None = No
             held = "-"
         else:
             held = ("" if row.held_exact else "≥") + format_duration(row.held_seconds)
-        style = "dim" if row.ghost else ("red" if row.expired else "")
+        styles.append("dim" if row.ghost else ("red" if row.expired else ""))
         owner = short_token(row.owner) + (" (ghost)" if row.ghost else "")
         # Text, not str: a str cell is read as rich markup, and an id like "a[b]" would lose
         # its brackets.
         consumer = Text(row.consumer) if row.consumer is not None else Text("unknown", style="dim")
-        cells: list[str | Text] = [Text(row.id), consumer, Text(owner), lease, str(row.deliveries)]
-        if tracked:
-            cells.append(held)
-        cells.append("-" if row.score is None else _relative(row.score, now))
-        table.add_row(*cells, style=style)
-    return table
+        cells: dict[str, str | Text] = {
+            "id": Text(row.id),
+            "consumer": consumer,
+            "owner": Text(owner),
+            "lease left": lease,
+            "deliveries": str(row.deliveries),
+            "held": held,
+            "deadline": "-" if row.score is None else _relative(row.score, now),
+        }
+        for name, col in cols.items():
+            col.cells.append(cells[name])
+    for name in ("lease left", "deadline"):
+        cols[name].minimum = _longest_word(cols[name].header, *cols[name].cells)
+    return _FittedTable(
+        cols,
+        styles=styles,
+        shrink=["id", "lease left", "deadline"],
+        drop=["held", "owner", "deliveries", "deadline"],
+        title=title,
+    )
 
 
-_STATE_STYLE = {"alive": "green", "dead": "bold red", "dead, claims handed on": "red"}
+_STATE_STYLE = {
+    "alive": "green",
+    "alive (expiry too far ahead)": "bold yellow",
+    "dead": "bold red",
+    "dead, claims handed on": "red",
+}
+
+
+def _liveness(row: ConsumerRow, now: float) -> str:
+    """When a consumer's liveness entry expires (``in 8.2s``) or expired (``12.0s ago``):
+    ``-`` without an entry, ``unknown`` when the score cannot be a time (``inf``, or a
+    dead consumer's entry ahead of the clock)."""
+    if row.expires is None:
+        return "-"
+    if not math.isfinite(row.expires) or (not row.alive and row.expires > now):
+        return "unknown"
+    return _relative(row.expires, now)
 
 
 def consumers_table(
     rows: Sequence[ConsumerRow], *, now: float, title: str | None = None, exact: bool = True
-) -> Table:
+) -> RenderableType:
     """The consumer table (docs/operations.md#consumers): consumer, state, when its liveness
-    entry expires (``in 8.2s``) or expired (``12.0s ago``), claims held (``≥`` when the
-    owners hash was larger than the scan bound), the age of its oldest claim, host, pid.
-    Times relative to ``now`` (Unix seconds, server clock)."""
-    table = Table(title=title, title_justify="left", expand=False)
-    table.add_column("consumer", overflow="fold")
-    table.add_column("state", no_wrap=True)
-    table.add_column("liveness expires", no_wrap=True)
-    table.add_column("claims", justify="right", no_wrap=True)
-    table.add_column("oldest claim", justify="right", no_wrap=True)
-    table.add_column("host", overflow="fold")
-    table.add_column("pid", justify="right", no_wrap=True)
+    entry expires (``in 8.2s``) or expired (``12.0s ago``; ``unknown`` for a score that
+    cannot be a time), claims held (``≥`` when the owners hash was larger than the scan
+    bound), the age of its oldest claim, host (``(unreadable info)`` when its info is
+    not claimkit's JSON), pid. Times relative to ``now`` (Unix seconds, server clock).
+
+    Laid out for the terminal's width: the consumer id stays whole on one line; host is
+    cut short first, then state and the headers wrap; on a narrow terminal pid, host,
+    oldest claim and claims are left out, in that order."""
+    cols = {
+        "consumer": _Col("consumer", []),
+        "state": _Col("state", []),
+        "liveness expires": _Col("liveness expires", []),
+        "claims": _Col("claims", [], justify="right"),
+        "oldest claim": _Col("oldest claim", [], justify="right"),
+        "host": _Col("host", [], minimum=4, give="ellipsis"),
+        "pid": _Col("pid", [], justify="right"),
+    }
     for row in rows:
-        name = Text(row.id) if row.id is not None else Text("unknown", style="dim")
-        expires = "-" if row.expires is None else _relative(row.expires, now)
-        table.add_row(
-            name,
-            Text(row.state, style=_STATE_STYLE.get(row.state, "dim")),
-            expires,
-            ("" if exact else "≥") + str(row.claims),
-            "-" if row.oldest_age is None else format_duration(row.oldest_age),
-            Text(row.host or "-"),
-            "-" if row.pid is None else str(row.pid),
-        )
-    return table
+        if row.info_error is not None:
+            host = Text("(unreadable info)", style="yellow")
+        else:
+            host = Text(row.host or "-")
+        cells: dict[str, str | Text] = {
+            "consumer": Text(row.id) if row.id is not None else Text("unknown", style="dim"),
+            "state": Text(row.state, style=_STATE_STYLE.get(row.state, "dim")),
+            "liveness expires": _liveness(row, now),
+            "claims": ("" if exact else "≥") + str(row.claims),
+            "oldest claim": "-" if row.oldest_age is None else format_duration(row.oldest_age),
+            "host": host,
+            "pid": "-" if row.pid is None else str(row.pid),
+        }
+        for name, col in cols.items():
+            col.cells.append(cells[name])
+    for name in ("liveness expires", "oldest claim"):
+        cols[name].minimum = _longest_word(cols[name].header, *cols[name].cells)
+    if any(row.info_error is not None for row in rows):
+        cols["host"].minimum = min(cols["host"].natural, len("(unreadable info)"))
+    # Two lines at most: "dead, claims" over "handed on".
+    cols["state"].minimum = min(cols["state"].natural, 12)
+    return _FittedTable(
+        cols,
+        styles=[""] * len(rows),
+        shrink=["host", "state", "liveness expires", "oldest claim"],
+        drop=["pid", "host", "oldest claim", "claims"],
+        title=title,
+    )
 
 
 def consumers_view_text(
-    views: Sequence[ConsumersView], forgotten: dict[str, list[str]] | None = None
+    views: Sequence[ConsumersView],
+    forgotten: dict[str, list[str]] | None = None,
+    *,
+    forget_dead: bool = True,
 ) -> RenderableType:
     """The ``claimkit consumers`` screen: per queue a header line (alive and dead counts)
-    and the consumer table, after a line per queue whose dead entries ``--forget-dead``
-    removed (``forgotten``)."""
+    and the consumer table, after a line per queue whose entries ``--forget-dead``
+    (``forget_dead``) or ``--forget`` removed (``forgotten``): ``queue q: forgot 1 dead
+    consumer: <id>``."""
     parts: list[RenderableType] = []
+    kind = "dead consumer" if forget_dead else "consumer"
     for queue, ids in (forgotten or {}).items():
-        parts.append(Text(f"queue {queue}: forgot {len(ids)} dead consumers: {', '.join(ids)}"))
+        line = f"queue {queue}: forgot {len(ids)} {kind}{'' if len(ids) == 1 else 's'}"
+        parts.append(Text(line + (f": {', '.join(ids)}" if ids else "")))
     for view in views:
         alive = sum(1 for row in view.rows if row.alive)
-        dead = sum(1 for row in view.rows if row.state.startswith("dead"))
+        n_dead = sum(1 for row in view.rows if row.state.startswith("dead"))
         header = Text()
         header.append(f"queue {view.queue}", style="bold")
-        header.append(f"  server time {format_time(view.server_time)}  alive {alive}  dead {dead}")
+        header.append(
+            f"  server time {format_time(view.server_time)}  alive {alive}  dead {n_dead}"
+        )
         parts.append(header)
         if view.rows:
             parts.append(consumers_table(view.rows, now=view.server_time, exact=view.exact))

@@ -223,7 +223,21 @@ class Poller:
         Returns the claims with their slots, and the claim codes."""
         stamp = self._clock.now()
         pairs = [(env, new_token(self._config.consumer_id, now=stamp)) for env in candidates]
-        server_now, codes = await q.ops.claim(pairs, self._config.claim_lease_ttl_seconds)
+        try:
+            server_now, codes = await q.ops.claim(pairs, self._config.claim_lease_ttl_seconds)
+        except StoreUnavailable as exc:
+            # The script may have run and only its reply been lost (the connection dropped or
+            # the call timed out on the way back): those claims are then Redis's, under
+            # tokens this consumer never learns, so it neither holds nor counts them. They
+            # are not lost: their leases lapse and a reclaimer redelivers them.
+            log.warning(
+                "claim %s: %s; up to %d requests may have been claimed without this consumer "
+                "learning it: their leases lapse and a reclaimer redelivers them",
+                q.name,
+                exc,
+                len(pairs),
+            )
+            raise
         self._clock.observe(server_now)
         batch: list[tuple[Claim, object]] = []
         for (env, token), code in zip(pairs, codes, strict=True):

@@ -257,9 +257,10 @@ async def _serve(
             raise ConfigError(_bind_error_line(exc, config)) from exc
         try:
             log.info(
-                "claimkit: serving %s on %s (metrics %s, health %s%s)",
+                "claimkit: serving %s on %s as consumer %s (metrics %s, health %s%s)",
                 ", ".join(q.queue_name for q in config.queues),
                 store.url,
+                config.consumer_id,
                 bound.get("metrics", "off"),
                 bound.get("health", "off"),
                 f", on {config.http_host}" if bound else "",

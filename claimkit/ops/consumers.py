@@ -9,6 +9,7 @@ entries of dead consumers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +23,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONSUMER_SCAN_MAX",
+    "FAR_AHEAD_SECONDS",
     "ConsumerRow",
     "ConsumersView",
     "consumers_view",
     "forget_dead",
+    "forget_named",
 ]
 
 CONSUMER_SCAN_MAX = 100_000
@@ -33,6 +36,13 @@ CONSUMER_SCAN_MAX = 100_000
 ``CLAIM_SCAN_MAX``); beyond it the counts are lower bounds (``exact`` False)."""
 
 ALIVE, DEAD, HANDED_ON, UNREGISTERED = "alive", "dead", "dead, claims handed on", "unregistered"
+ALIVE_TOO_FAR = "alive (expiry too far ahead)"
+
+FAR_AHEAD_SECONDS = 86_400.0
+"""A liveness expiry more than this far ahead of the server clock (or the configured
+liveness TTL, when longer) is no renewal's: the row says ``alive (expiry too far ahead)``.
+Such an entry (a score set by hand, ``inf``) never lapses; ``claimkit consumers --forget``
+removes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +52,8 @@ class ConsumerRow:
     Attributes:
         id: the consumer id; ``None`` for the claims whose token names no consumer
             (from before consumer ids, or another program's).
-        state: ``"alive"`` (its liveness entry is ahead of the clock), ``"dead"`` (it
+        state: ``"alive"`` (its liveness entry is ahead of the clock), ``"alive (expiry too
+            far ahead)"`` (further ahead than any renewal puts it), ``"dead"`` (it
             lapsed; the next reclaim hands its claims on), ``"dead, claims handed on"`` (a
             reclaimer did), ``"unregistered"`` (no entry: forgotten, the registry is off,
             or unknown claims).
@@ -51,6 +62,7 @@ class ConsumerRow:
         claims: the claims its tokens name.
         oldest_age: seconds since its oldest claim was taken, ``None`` when unknown.
         host, pid, started, version: from its info (``None`` when missing).
+        info_error: why its info could not be read (``None`` when missing or fine).
     """
 
     id: str | None
@@ -62,14 +74,16 @@ class ConsumerRow:
     pid: int | None = None
     started: float | None = None
     version: str | None = None
+    info_error: str | None = None
 
     @property
     def alive(self) -> bool:
-        return self.state == ALIVE
+        return self.state in (ALIVE, ALIVE_TOO_FAR)
 
     def to_json(self, now: float) -> dict[str, Any]:
-        """This row in ``--json`` (``expires_in_seconds`` negative: lapsed that long ago)."""
-        return {
+        """This row in ``--json`` (``expires_in_seconds`` negative: lapsed that long ago;
+        ``info_error`` only when its info is unreadable)."""
+        doc: dict[str, Any] = {
             "consumer": self.id,
             "state": self.state,
             "alive": self.alive,
@@ -84,6 +98,9 @@ class ConsumerRow:
             "started": self.started,
             "version": self.version,
         }
+        if self.info_error is not None:
+            doc["info_error"] = self.info_error
+        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +133,13 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def _row(entry: ConsumerEntry, now: float) -> ConsumerRow:
+def _row(entry: ConsumerEntry, now: float, far_ahead: float) -> ConsumerRow:
     if entry.expires is None:
         state = UNREGISTERED
     elif entry.marked_dead:
         state = HANDED_ON
+    elif entry.expires > now + far_ahead or math.isnan(entry.expires):
+        state = ALIVE_TOO_FAR
     else:
         state = ALIVE if entry.expires > now else DEAD
     pid = entry.info.get("pid")
@@ -134,12 +153,15 @@ def _row(entry: ConsumerEntry, now: float) -> ConsumerRow:
         pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
         started=_number(entry.info.get("started")),
         version=_text(entry.info.get("version")),
+        info_error=entry.info_error,
     )
 
 
-async def consumers_view(store: Store, queue: str) -> ConsumersView:
+async def consumers_view(store: Store, queue: str, *, liveness_ttl: float = 0.0) -> ConsumersView:
     """Read the consumers of ``queue`` without changing anything (one script call, one
-    instant of the server clock; in the store's key layout).
+    instant of the server clock; in the store's key layout). An entry further ahead than
+    :data:`FAR_AHEAD_SECONDS`, or ``liveness_ttl`` seconds when that is longer, is
+    ``alive (expiry too far ahead)``.
 
     Raises:
         StoreUnavailable, StoreError: from the store.
@@ -149,7 +171,8 @@ async def consumers_view(store: Store, queue: str) -> ConsumersView:
     keys = _keys.QueueKeys.for_queue(queue, cluster=cluster_layout(store))
     view = await read_registry(store, keys, scan_max=CONSUMER_SCAN_MAX)
     now = view.server_now
-    rows = [_row(entry, now) for entry in view.consumers]
+    far_ahead = max(FAR_AHEAD_SECONDS, liveness_ttl)
+    rows = [_row(entry, now, far_ahead) for entry in view.consumers]
     if view.unknown_claims:
         oldest = view.unknown_oldest
         age = None if oldest is None or oldest > now + 300 else max(0.0, now - oldest)
@@ -168,3 +191,15 @@ async def forget_dead(store: Store, queue: str) -> list[str]:
     """
     keys = _keys.QueueKeys.for_queue(queue, cluster=cluster_layout(store))
     return await forget_consumers(store, keys)
+
+
+async def forget_named(store: Store, queue: str, ids: list[str], *, any_state: bool) -> list[str]:
+    """Remove the registry entries (and info) of the consumers ``ids`` of ``queue``: with
+    ``any_state`` whatever their state, else only those whose liveness lapsed (checked
+    atomically by the script). Returns the ids whose entries were removed.
+
+    Raises:
+        StoreUnavailable, StoreError: from the store.
+    """
+    keys = _keys.QueueKeys.for_queue(queue, cluster=cluster_layout(store))
+    return await forget_consumers(store, keys, ids, dead_only=not any_state)

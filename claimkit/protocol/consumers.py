@@ -226,6 +226,8 @@ class ConsumerEntry:
         marked_dead: a reclaimer handed its claims on (its score was negated).
         info: its ``<q>:consumer-info`` JSON (``host``, ``pid``, ``started``,
             ``version``), ``{}`` when missing or unreadable.
+        info_error: why its info could not be read (not JSON, not an object, a field of
+            the wrong type), ``None`` when it is missing or fine.
         claims: the claims whose token names it.
         oldest_claim: the claim time of its oldest claim, from the token, or ``None``.
     """
@@ -236,6 +238,7 @@ class ConsumerEntry:
     info: dict[str, Any]
     claims: int
     oldest_claim: float | None
+    info_error: str | None = None
 
     def alive(self, now: float) -> bool:
         """Its liveness entry is ahead of ``now`` (Unix seconds, server clock)."""
@@ -264,14 +267,33 @@ class RegistryView:
     exact: bool
 
 
-def _info(raw: Any) -> dict[str, Any]:
+_INFO_TYPES: dict[str, tuple[type, ...]] = {
+    "host": (str,),
+    "pid": (int,),
+    "started": (int, float),
+    "version": (str,),
+}
+
+
+def _info(raw: Any) -> tuple[dict[str, Any], str | None]:
+    """A consumer's info JSON and, when it is unreadable, why: ``({}, "not JSON")``,
+    ``({}, "not a JSON object")``, or the readable fields and ``"host is not a string"``
+    style problems for fields of the wrong type (those are left out)."""
     if raw is None:
-        return {}
+        return {}, None
     try:
         doc = json.loads(reply_text(raw))
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    except (ValueError, RecursionError):
+        return {}, "not JSON"
+    if not isinstance(doc, dict):
+        return {}, "not a JSON object"
+    problems = []
+    for name, types in _INFO_TYPES.items():
+        value = doc.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            problems.append(f"{name} is not {'a string' if types == (str,) else 'a number'}")
+            del doc[name]
+    return doc, "; ".join(problems) or None
 
 
 async def read_registry(store: Store, keys: QueueKeys, *, scan_max: int = 0) -> RegistryView:
@@ -298,14 +320,16 @@ async def read_registry(store: Store, keys: QueueKeys, *, scan_max: int = 0) -> 
     for i in range(0, len(rest), 5):
         rid, score, info, claims, oldest = rest[i : i + 5]
         value = None if score is None else float(reply_text(score))
+        doc, info_error = _info(info)
         entries.append(
             ConsumerEntry(
                 id=reply_text(rid),
                 expires=None if value is None else abs(value),
                 marked_dead=value is not None and value < 0,
-                info=_info(info),
+                info=doc,
                 claims=as_int(claims),
                 oldest_claim=None if oldest is None else token_time(reply_text(oldest)),
+                info_error=info_error,
             )
         )
     return RegistryView(
