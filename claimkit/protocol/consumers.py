@@ -124,7 +124,7 @@ async def register(
         script("register"), [keys.consumers, keys.consumer_info], identity.args()
     )
     other = reply_text(reply[1])
-    return float(reply_text(reply[0])), (_info(other) or None) if other else None
+    return float(reply_text(reply[0])), (_info(other)[0] or None) if other else None
 
 
 async def expire_owners(
