@@ -207,11 +207,15 @@ def test_lost_claims_of_one_tick_are_one_warning_per_kind(
     assert len(claims) == 0
     assert all(scope.cancel_called for scope in scopes)
     assert (summary.taken_over, summary.released_elsewhere) == (1, 8)
-    how = "released elsewhere (by drain, or a reclaimer after its lease lapsed)"
+    how = (
+        "released elsewhere (by drain, or by a reclaimer after its lease or its consumer's "
+        "liveness entry lapsed)"
+    )
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         (
             "WARNING",
-            f"claim on p0 in {Q} was taken over by another owner after its lease lapsed; its "
+            f"claim on p0 in {Q} was taken over by another owner (after its lease lapsed, its "
+            "consumer's liveness entry lapsed, or a drain released it); its "
             "work here is cancelled",
         ),
         (
@@ -266,7 +270,8 @@ async def test_a_release_all_of_a_live_consumer_is_one_warning_per_tick(
     lost = [r.getMessage() for r in caplog.records if "elsewhere" in r.getMessage()]
     assert [(r.levelname) for r in caplog.records if "elsewhere" in r.getMessage()] == ["WARNING"]
     assert lost == [
-        f"12 claims in {Q} were released elsewhere (by drain, or a reclaimer after its lease "
-        f"lapsed) ({', '.join(ids[:5])} and 7 more); their work here is cancelled"
+        f"12 claims in {Q} were released elsewhere (by drain, or by a reclaimer after its lease "
+        "or its consumer's liveness entry lapsed) "
+        f"({', '.join(ids[:5])} and 7 more); their work here is cancelled"
     ]
     assert consumer.summary.released_elsewhere == 12

@@ -98,8 +98,8 @@ def test_reclaim_once_skips_fast_failover_while_redis_is_younger_than_one_ttl(
     assert out == LINE.format(0) + "handed_on=0\n"
     assert re.fullmatch(
         rf"claimkit reclaim: {Q}: fast failover skipped: Redis has been up \d+ s, less than"
-        r" one liveness TTL \(86400 s\): live consumers may not have renewed yet; its claims"
-        r" wait for their leases\n",
+        r" one liveness TTL \(86400 s\): live consumers may not have renewed yet; the queue's"
+        r" claims wait for their leases\n",
         err,
     ), err
     # Nothing handed on, the dead consumer not marked: the lease-based reclaim decides.
@@ -118,8 +118,8 @@ def test_reclaim_once_says_nothing_when_the_failover_would_hand_nothing_on(
 
 NO_ONE = (
     f"claimkit reclaim: {Q}: fast failover skipped: no consumer of the queue is alive (every"
-    " liveness entry lapsed: a Redis outage or failover, not one dead consumer); its claims"
-    " wait for their leases\n"
+    " liveness entry lapsed: a Redis outage or failover, not one dead consumer); the"
+    " queue's claims wait for their leases\n"
 )
 
 

@@ -30,8 +30,14 @@ log = logging.getLogger("claimkit")
 
 LOST_NAMED = 5
 """How many ids one heartbeat tick's warning about lost claims names (the rest at DEBUG)."""
-_TAKEN = "taken over by another owner after its lease lapsed"
-_RELEASED = "released elsewhere (by drain, or a reclaimer after its lease lapsed)"
+_TAKEN = (
+    "taken over by another owner (after its lease lapsed, its consumer's liveness entry "
+    "lapsed, or a drain released it)"
+)
+_RELEASED = (
+    "released elsewhere (by drain, or by a reclaimer after its lease or its consumer's "
+    "liveness entry lapsed)"
+)
 
 
 @dataclass

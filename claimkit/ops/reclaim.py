@@ -104,7 +104,8 @@ async def reclaim_all(store: Store, config: Config) -> ReclaimRun:
 def failover_skipped_lines(run: ReclaimRun) -> list[str]:
     """One line per queue whose fast failover :func:`reclaim_all` skipped, saying why."""
     return [
-        f"claimkit reclaim: {name}: fast failover skipped: {why}; its claims wait for their leases"
+        f"claimkit reclaim: {name}: fast failover skipped: {why}; "
+        "the queue's claims wait for their leases"
         for name, why in run.failover_skipped.items()
     ]
 
