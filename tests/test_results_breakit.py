@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -133,7 +133,7 @@ def test_the_longest_lease_is_accepted(redis_url: str) -> None:
     ],
 )
 async def test_the_reader_refuses_a_lease_or_poll_out_of_range(
-    store: Store, kwargs: dict[str, float], message: str
+    store: Store, kwargs: dict[str, Any], message: str
 ) -> None:
     with trio.fail_after(10):
         await store.command("LPUSH", L, R1)
