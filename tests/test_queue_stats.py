@@ -161,8 +161,8 @@ def value(metrics: Metrics, name: str, queue: str = "q") -> float | None:
     return metrics.registry.get_sample_value(f"llm_d_async_{name}", {"queue_name": queue})
 
 
-async def sample(redis_url: str, store: Store, consumer_id: str | None) -> Metrics:
-    """One round of the queue stats sampler of a consumer with ``consumer_id``."""
+def sampler(redis_url: str, store: Store, consumer_id: str | None) -> tuple[Metrics, Upkeep]:
+    """The metrics and the upkeep (queue stats sampler) of a consumer with ``consumer_id``."""
     config = load_config(inline=json.dumps(config_doc(redis_url, queue="q")))
     consumer = Consumer(config, store)
     upkeep = Upkeep(
@@ -173,8 +173,14 @@ async def sample(redis_url: str, store: Store, consumer_id: str | None) -> Metri
         gauges=consumer.metrics.queue_gauges,
         consumer_id=consumer_id,
     )
+    return consumer.metrics, upkeep
+
+
+async def sample(redis_url: str, store: Store, consumer_id: str | None) -> Metrics:
+    """One round of the queue stats sampler of a consumer with ``consumer_id``."""
+    metrics, upkeep = sampler(redis_url, store, consumer_id)
     await upkeep.sample_queue_stats()
-    return consumer.metrics
+    return metrics
 
 
 async def test_only_the_smallest_alive_consumer_publishes(redis_url: str, store: Store) -> None:
@@ -221,20 +227,11 @@ async def test_every_process_publishes_when_no_consumer_is_alive(
 async def test_an_exporter_that_loses_the_election_withdraws(redis_url: str, store: Store) -> None:
     keys = QueueKeys.for_queue("q")
     t = await prepare(store, keys)
-    config = load_config(inline=json.dumps(config_doc(redis_url, queue="q")))
-    consumer = Consumer(config, store)
-    upkeep = Upkeep(
-        config,
-        consumer.queues,
-        consumer._health,
-        consumer.clock,
-        gauges=consumer.metrics.queue_gauges,
-        consumer_id="c-b",
-    )
+    metrics, upkeep = sampler(redis_url, store, "c-b")
     await store.command("ZREM", keys.consumers, "c-a")
     await upkeep.sample_queue_stats()
-    assert value(consumer.metrics, "async_queue_pending") == 4
+    assert value(metrics, "async_queue_pending") == 4
     await store.command("ZADD", keys.consumers, t + 60, "c-a")  # a smaller id is back
     await upkeep.sample_queue_stats()
-    assert value(consumer.metrics, "async_queue_pending") is None
-    assert consumer.metrics.queue_gauges.exported("q") is False
+    assert value(metrics, "async_queue_pending") is None
+    assert metrics.queue_gauges.exported("q") is False

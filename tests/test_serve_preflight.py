@@ -17,7 +17,7 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import support
@@ -32,6 +32,9 @@ from claimkit.ops.inspect import WrongKeyType
 from claimkit.producer import Producer
 from claimkit.protocol.models import Envelope, TerminalRecord
 from claimkit.store import Store, open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 CLAIMKIT = str(Path(sys.executable).with_name("claimkit"))
 Q = "wq"
@@ -242,18 +245,28 @@ async def test_a_result_list_turned_string_while_running_stops_the_consumer(
     assert (s.claimed, s.acked, s.released, s.left_to_lapse) == (1, 0, 1, 0)
 
 
-async def test_a_claims_index_turned_string_while_running_stops_the_consumer(
-    store: Store, redis_url: str
-) -> None:
-    """The reclaimer meets it: the consumer stops, instead of logging reclaim errors for ever."""
-    consumer = Consumer(make_config(redis_url), store)
-    caught: list[WrongKeyType] = []
+def run_catching(
+    consumer: Consumer, caught: list[WrongKeyType]
+) -> Callable[[trio.TaskStatus[None]], Awaitable[None]]:
+    """``consumer.run`` for ``nursery.start``, the :class:`WrongKeyType` that stops it
+    appended to ``caught`` instead of raised."""
 
     async def run(task_status: trio.TaskStatus[None]) -> None:
         try:
             await consumer.run(task_status=task_status)
         except WrongKeyType as exc:
             caught.append(exc)
+
+    return run
+
+
+async def test_a_claims_index_turned_string_while_running_stops_the_consumer(
+    store: Store, redis_url: str
+) -> None:
+    """The reclaimer meets it: the consumer stops, instead of logging reclaim errors for ever."""
+    consumer = Consumer(make_config(redis_url), store)
+    caught: list[WrongKeyType] = []
+    run = run_catching(consumer, caught)
 
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
@@ -272,12 +285,7 @@ async def test_a_consumer_info_hash_turned_list_is_worded_in_the_forget_warning(
     same key, and its warning names the key and its type, not Redis's script error."""
     consumer = Consumer(make_config(redis_url), store)
     caught: list[WrongKeyType] = []
-
-    async def run(task_status: trio.TaskStatus[None]) -> None:
-        try:
-            await consumer.run(task_status=task_status)
-        except WrongKeyType as exc:
-            caught.append(exc)
+    run = run_catching(consumer, caught)
 
     wrong = f"consumer-info hash '{Q}:consumer-info' of queue '{Q}' holds a list, not a hash"
     with trio.fail_after(30):
