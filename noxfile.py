@@ -97,7 +97,7 @@ def bench(session: nox.Session) -> None:
     2 cores; ``CLAIMKIT_PEERS_DIR`` points at the harness, default ``../shared/peers``
     beside the checkout).
     """
-    install_with_server(session, "redispy", "dev")
+    install_with_server(session, "redispy", "dev", "bench")
     python = os.path.join(session.bin, "python")
     if os.environ.get("CLAIMKIT_PEERS"):
         peers = os.environ.get(
