@@ -212,7 +212,8 @@ def bench_calls(runs: int, n: int, batches: tuple[int, ...] = (1, 10, 100)) -> l
                 f"  batch {batch:3d}: {row['scripts_per_req']:.3f} scripts/req, "
                 f"{row['round_trips_per_req']:.3f} round trips/req, {row['jobs_s']:,.0f} jobs/s, "
                 f"{row['records_per_ack']:.1f} records/ack, "
-                f"mover {row['mover_calls_per_req']:.3f}/req, {row['cpu_ms_per_req']:.3f} CPU ms/req",
+                f"mover {row['mover_calls_per_req']:.3f}/req, "
+                f"{row['cpu_ms_per_req']:.3f} CPU ms/req",
                 file=sys.stderr,
             )
     finally:

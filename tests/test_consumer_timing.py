@@ -233,7 +233,8 @@ async def test_drain_waits_drain_timeout_then_cancels_and_sweeps_exactly_the_hel
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Stop at 5 s with 3 claims held, drain 7 s: r0 finishes within the drain (acked at
-    7 s + ``ACK_IDLE_SECONDS``: r1 and r2 are still under way, and nothing else came); the others are cancelled at exactly 12 s and swept back at their
+    7 s + ``ACK_IDLE_SECONDS``: r1 and r2 are still under way, and nothing else came);
+    the others are cancelled at exactly 12 s and swept back at their
     original scores at once; ``run`` returns then."""
     server = FakeServer()
     before = submit(server, 3)
@@ -258,7 +259,8 @@ async def test_drain_ends_as_soon_as_the_last_request_is_acked(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Nothing is kept waiting for the rest of ``drain_timeout``: r0 is acked at 6 s plus
-    ``ACK_IDLE_SECONDS`` (r1 is still under way); r1, the last, finishes at 8 s, which ends the drain and closes the acker,
+    ``ACK_IDLE_SECONDS`` (r1 is still under way); r1, the last, finishes at 8 s, which
+    ends the drain and closes the acker,
     so its ack goes out at once (no linger) and ``run`` returns then, with nothing for the
     sweep to release."""
     server = FakeServer()
