@@ -96,6 +96,33 @@ def fill(r: redis.Redis, n: int, start: int = 0) -> None:
         r.zadd(Q, {envelope(i, deadline): deadline for i in range(k, min(start + n, k + 1000))})
 
 
+# ``peers_runner.py work`` with its store counter also counting each script by name and how
+# many records each ack carries: the done line gains ``scripts`` ({name: calls}) and
+# ``ack_records`` (records sent in ack calls).
+COUNTING_RUNNER = f"""
+import sys
+sys.path.insert(0, {str(HERE)!r})
+import peers_runner, common
+scripts, acked = {{}}, [0]
+plain = peers_runner.count_calls
+def count_calls(store, calls):
+    plain(store, calls)
+    for name in ("run", "run_many"):
+        orig = getattr(store, name)
+        async def counted(script, *a, _orig=orig, _many=name == "run_many", **k):
+            n = len(a[0]) if _many else 1
+            scripts[script.name] = scripts.get(script.name, 0) + n
+            if script.name == "ack" and not _many:
+                acked[0] += (len(a[1]) - 2) // 8  # 2 arguments, then 8 per record
+            return await _orig(script, *a, **k)
+        setattr(store, name, counted)
+peers_runner.count_calls = count_calls
+emit = common.emit
+common.emit = lambda event, **f: emit(event, scripts=scripts, ack_records=acked[0], **f)
+peers_runner.main()
+"""
+
+
 def runner(
     mode: str,
     url: str,
@@ -104,11 +131,13 @@ def runner(
     env: dict[str, str],
     workload: str = "http",
     conc: int = 50,
+    *,
+    counting: bool = False,
 ) -> dict[str, Any]:
     out = subprocess.run(
         [
             PY,
-            str(RUNNER),
+            *(["-c", COUNTING_RUNNER] if counting else [str(RUNNER)]),
             mode,
             "--redis",
             url,
@@ -137,11 +166,11 @@ def runner(
 # -- calls per request ------------------------------------------------------------------------
 
 
-def bench_calls(runs: int, n: int) -> list[dict[str, Any]]:
+def bench_calls(runs: int, n: int, batches: tuple[int, ...] = (1, 10, 100)) -> list[dict[str, Any]]:
     gw = Gateway()
     rows = []
     try:
-        for batch in (1, 10, 100):
+        for batch in batches:
             per: list[dict[str, float]] = []
             for _ in range(runs):
                 with RedisServer() as srv:
@@ -154,7 +183,9 @@ def bench_calls(runs: int, n: int) -> list[dict[str, Any]]:
                         n,
                         gw.url,
                         {"CLAIMKIT_BATCH": str(batch), "CLAIMKIT_COUNT_CALLS": "1"},
+                        counting=True,
                     )
+                    by_name = done["scripts"]
                     stats = r.info("commandstats")
                     scripts = sum(
                         v["calls"]
@@ -167,6 +198,11 @@ def bench_calls(runs: int, n: int) -> list[dict[str, Any]]:
                             "scripts_per_req": scripts / n,
                             "round_trips_per_req": done["round_trips"] / n,
                             "cpu_ms_per_req": done["cpu_s"] / n * 1000,
+                            "ack_calls_per_req": by_name.get("ack", 0) / n,
+                            "records_per_ack": done["ack_records"] / max(by_name.get("ack", 0), 1),
+                            "mover_calls_per_req": by_name.get("move-retries", 0) / n,
+                            "renew_calls_per_req": by_name.get("renew", 0) / n,
+                            "seconds": done["seconds"],
                         }
                     )
                     r.close()
@@ -174,7 +210,10 @@ def bench_calls(runs: int, n: int) -> list[dict[str, Any]]:
             rows.append(row)
             print(
                 f"  batch {batch:3d}: {row['scripts_per_req']:.3f} scripts/req, "
-                f"{row['round_trips_per_req']:.3f} round trips/req, {row['jobs_s']:,.0f} jobs/s",
+                f"{row['round_trips_per_req']:.3f} round trips/req, {row['jobs_s']:,.0f} jobs/s, "
+                f"{row['records_per_ack']:.1f} records/ack, "
+                f"mover {row['mover_calls_per_req']:.3f}/req, "
+                f"{row['cpu_ms_per_req']:.3f} CPU ms/req",
                 file=sys.stderr,
             )
     finally:
@@ -589,6 +628,7 @@ def main() -> None:
     )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--n", type=int, default=5000)
+    ap.add_argument("--batches", default="1,10,100", help="calls: the batch sizes, e.g. 10")
     ap.add_argument("--json", default=str(HERE / "results" / "protocol.json"))
     args = ap.parse_args()
     what = set(args.what)
@@ -612,7 +652,9 @@ def main() -> None:
         results["ceiling"] = bench_ceiling(args.runs)
         save()
     if "calls" in what:
-        results["calls"] = bench_calls(args.runs, args.n)
+        results["calls"] = bench_calls(
+            args.runs, args.n, tuple(int(b) for b in args.batches.split(","))
+        )
         save()
     if "scale" in what:
         results["scale"] = bench_scale(args.runs, args.n)

@@ -569,6 +569,12 @@ class FakeQueueOps:
             moved, dead = moved + m, dead + d
         return moved, dead
 
+    async def next_retry_due(self) -> float | None:
+        """``ZRANGE <retry set> 0 0 WITHSCORES``: the earliest score, or ``None``."""
+        await self._enter("next_retry_due")
+        members = self.server.retry.get(self.retry_set, {})
+        return min(members.values()) if members else None
+
     async def backlog(self) -> int:
         await self._enter("backlog")
         return len(self.q.pending)

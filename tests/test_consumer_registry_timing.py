@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 import trio
 from fake_ops import START, Call, FakeClaim, FakeServer
-from test_consumer_timing import NO_STORE, Blocking, running, submit
+from test_consumer_timing import NO_STORE, Blocking, running, submit, times
 
 from claimkit.config import Config, load_config
 from claimkit.consumer.consumer import Consumer
+from claimkit.consumer.upkeep import RETRY_LOOK_MAX_SECONDS
+from claimkit.protocol.models import retry_member
 from claimkit.protocol.tokens import new_token
 from claimkit.store import StoreUnavailable
 
@@ -190,3 +192,33 @@ async def test_with_the_registry_off_nothing_is_registered_or_expired(
     assert server.log("renew") == []  # no claims held, no liveness to renew
     assert server.queue(Q).consumers == {"dead": START - 100.0}
     assert "orphaned" in server.queue(Q).claims  # waits out its lease (300 s)
+
+
+# -- the retry mover (docs/protocol.md#retry-mover) -----------------------------------------
+
+
+async def test_the_retry_mover_looks_without_its_script_until_a_member_is_due(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Poll interval 50 ms, empty retry set (the consumer's server clock is set by its
+    registration at 0 s and its liveness renewals): the mover only looks (``next_retry_due``), at
+    0, 0.1, 0.3, 0.7, 1.5 and then every ``RETRY_LOOK_MAX_SECONDS``, and runs no mover
+    script. A member parked at 2.6 s due at 4.2 s: the 3.5 s look sees it ahead, the next
+    look is at 4.2 s (to the float precision of Unix times), and one script then moves
+    it back to pending; the look after that is one poll interval later."""
+    server = FakeServer()
+    raw = server.submit(Q, "late", FAR)
+    del server.queue(Q).pending[raw]
+    member = retry_member(raw, Q)
+    config = make_config("pod-a", poll_interval_ms=50)
+    async with running(server, config, Blocking()) as run:
+        await trio.sleep_until(2.6)
+        assert server.log("move_retries") == []
+        server.retry.setdefault("retry-sortedset", {})[member] = START + 4.2
+        await trio.sleep_until(5)
+        run.consumer.request_stop()
+    assert RETRY_LOOK_MAX_SECONDS == 1.0
+    looks = times(server.log("next_retry_due"))
+    assert looks[:9] == pytest.approx([0.0, 0.1, 0.3, 0.7, 1.5, 2.5, 3.5, 4.2, 4.25], abs=1e-6)
+    assert times(server.log("move_retries")) == pytest.approx([4.2], abs=1e-6)
+    assert member in server.queue(Q).pending or "late" in server.queue(Q).claims

@@ -30,7 +30,7 @@ from claimkit.consumer.consumer import (
     Summary,
 )
 from claimkit.consumer.dispatch import Done, Outcome
-from claimkit.consumer.settle import ACK_LINGER_SECONDS
+from claimkit.consumer.settle import ACK_IDLE_SECONDS, ACK_LINGER_SECONDS
 from claimkit.protocol.models import Envelope, TerminalRecord
 from claimkit.store import Store, StoreUnavailable
 
@@ -233,7 +233,8 @@ async def test_drain_waits_drain_timeout_then_cancels_and_sweeps_exactly_the_hel
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Stop at 5 s with 3 claims held, drain 7 s: r0 finishes within the drain (acked at
-    7 s + linger); the others are cancelled at exactly 12 s and swept back at their
+    7 s + ``ACK_IDLE_SECONDS``: r1 and r2 are still under way, and nothing else came);
+    the others are cancelled at exactly 12 s and swept back at their
     original scores at once; ``run`` returns then."""
     server = FakeServer()
     before = submit(server, 3)
@@ -243,7 +244,7 @@ async def test_drain_waits_drain_timeout_then_cancels_and_sweeps_exactly_the_hel
         await trio.sleep_until(5)
         run.consumer.request_stop()
     assert handler.cancelled == {"r1": 12.0, "r2": 12.0}
-    assert [(c.at, c.ids) for c in server.log("ack")] == [(7.0 + ACK_LINGER_SECONDS, ("r0",))]
+    assert [(c.at, c.ids) for c in server.log("ack")] == [(7.0 + ACK_IDLE_SECONDS, ("r0",))]
     assert [(c.at, c.ids) for c in server.log("release")] == [(12.0, ("r1", "r2"))]
     assert run.ended_at == 12.0
     r0 = next(m for m in before if b'"r0"' in m)
@@ -258,7 +259,8 @@ async def test_drain_ends_as_soon_as_the_last_request_is_acked(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Nothing is kept waiting for the rest of ``drain_timeout``: r0 is acked at 6 s plus
-    the linger; r1, the last, finishes at 8 s, which ends the drain and closes the acker,
+    ``ACK_IDLE_SECONDS`` (r1 is still under way); r1, the last, finishes at 8 s, which
+    ends the drain and closes the acker,
     so its ack goes out at once (no linger) and ``run`` returns then, with nothing for the
     sweep to release."""
     server = FakeServer()
@@ -269,7 +271,7 @@ async def test_drain_ends_as_soon_as_the_last_request_is_acked(
         run.consumer.request_stop()
     acks = server.log("ack")
     assert [c.ids for c in acks] == [("r0",), ("r1",)]
-    assert times(acks) == pytest.approx([6.0 + ACK_LINGER_SECONDS, 8.0], abs=EPS)
+    assert times(acks) == pytest.approx([6.0 + ACK_IDLE_SECONDS, 8.0], abs=EPS)
     assert run.ended_at == 8.0
     assert server.log("release") == []
     assert (run.summary.acked, run.summary.released) == (2, 0)
@@ -375,33 +377,92 @@ async def test_a_second_signal_cuts_the_rest_of_the_shutdown_to_hurry_seconds(
 # -- the acker's linger (docs/protocol.md#ack) ------------------------------------------------
 
 
-async def test_the_acker_batches_what_finishes_within_its_linger_into_one_ack(
+async def test_the_acker_batches_what_finishes_close_together_into_one_ack(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """r0 finishes at 1 s: the acker waits ``ACK_LINGER_SECONDS`` for more, so r1 and r2
-    (1 ms and 1.5 ms later) go in the same call, at 1 s + linger; r3, 10 ms later, in the
-    next, one linger after it."""
+    """r0 finishes at 1 s with r1..r3 still under way: the acker waits while results keep
+    coming, so r1 and r2 (1 ms and 1.5 ms later) go in the same call, sent
+    ``ACK_IDLE_SECONDS`` after r2; r3, the last claim held, is acked the moment it
+    finishes: nothing else can come."""
     server = FakeServer()
     submit(server, 4)
-    finish = {"r0": 1.0, "r1": 1.001, "r2": 1.0015, "r3": 1.01}
+    finish = {"r0": 1.0, "r1": 1.001, "r2": 1.0015, "r3": 1.02}
     handler = Blocking(finish_at=finish)
     async with running(server, make_config(), handler) as run:
         await trio.sleep_until(2)
         run.consumer.request_stop()
     acks = server.log("ack")
     assert [c.ids for c in acks] == [("r0", "r1", "r2"), ("r3",)]
-    assert times(acks) == pytest.approx(
-        [1.0 + ACK_LINGER_SECONDS, 1.01 + ACK_LINGER_SECONDS], abs=EPS
-    )
+    assert times(acks) == pytest.approx([1.0015 + ACK_IDLE_SECONDS, 1.02], abs=EPS)
     assert [r["id"] for r in server.records()] == ["r0", "r1", "r2", "r3"]
     assert run.summary.acked == 4
+
+
+async def test_a_lone_result_is_acked_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """One request in flight (``batch_size`` 10): its result is acked the moment it
+    finishes, in a call of its own; no batch is waited for."""
+    server = FakeServer()
+    submit(server, 1)
+    handler = Blocking(finish_at={"r0": 1.5})
+    async with running(server, make_config(batch_size=10), handler) as run:
+        await trio.sleep_until(2)
+        run.consumer.request_stop()
+    assert [(c.at, c.ids) for c in server.log("ack")] == [(1.5, ("r0",))]
+    assert run.summary.acked == 1
+
+
+async def test_results_arriving_together_go_in_one_ack_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Ten results finishing at the same instant (``batch_size`` 10, two more claims
+    still under way): one ack call carrying all ten, sent at that instant (a full batch
+    is not held back)."""
+    server = FakeServer()
+    submit(server, 12)
+    handler = Blocking(finish_at={f"r{i}": 1.0 for i in range(10)})
+    config = make_config(batch_size=10, drain_timeout_seconds=DRAIN)
+    async with running(server, config, handler) as run:
+        await trio.sleep_until(2)
+        run.consumer.request_stop()
+    acks = server.log("ack")
+    assert [(c.at, sorted(c.ids)) for c in acks] == [(1.0, sorted(f"r{i}" for i in range(10)))]
+    assert run.summary.acked == 10
+
+
+async def test_the_acker_waits_at_most_its_linger_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Results every 3 ms (closer than ``ACK_IDLE_SECONDS``) with another claim still
+    under way and ``batch_size`` 100: the first call goes ``ACK_LINGER_SECONDS`` after the
+    first result with all that arrived by then; the rest after the stream pauses."""
+    server = FakeServer()
+    submit(server, 11)
+    step = 0.003
+    finish = {f"r{k}": 1.0 + step * k for k in range(10)}  # r10 blocks until the drain
+    handler = Blocking(finish_at=finish)
+    config = make_config(batch_size=100, drain_timeout_seconds=DRAIN)
+    async with running(server, config, handler) as run:
+        await trio.sleep_until(2)
+        run.consumer.request_stop()
+    acks = server.log("ack")
+    inside = [f"r{k}" for k in range(10) if finish[f"r{k}"] < 1.0 + ACK_LINGER_SECONDS]
+    assert [sorted(c.ids) for c in acks[:2]] == [
+        sorted(inside),
+        sorted(f"r{k}" for k in range(len(inside), 10)),
+    ]
+    assert times(acks[:2]) == pytest.approx(
+        [1.0 + ACK_LINGER_SECONDS, finish["r9"] + ACK_IDLE_SECONDS], abs=EPS
+    )
+    assert run.summary.acked == 10
 
 
 async def test_a_full_batch_is_acked_without_lingering(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """With ``batch_size`` 2, two records finished together are acked at once (no linger);
-    the third, 1 ms later, is acked one linger after it."""
+    the third, 1 ms later and the last claim held, is acked at once too."""
     server = FakeServer()
     submit(server, 3)
     handler = Blocking(finish_at={"r0": 1.0, "r1": 1.0, "r2": 1.001})
@@ -411,7 +472,7 @@ async def test_a_full_batch_is_acked_without_lingering(
     acks = server.log("ack")
     assert [(c.at, set(c.ids)) for c in acks[:1]] == [(1.0, {"r0", "r1"})]
     assert [c.ids for c in acks[1:]] == [("r2",)]
-    assert times(acks[1:]) == pytest.approx([1.001 + ACK_LINGER_SECONDS], abs=EPS)
+    assert times(acks[1:]) == pytest.approx([1.001], abs=EPS)
     assert run.summary.acked == 3
 
 

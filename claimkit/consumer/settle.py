@@ -24,7 +24,14 @@ if TYPE_CHECKING:
     from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock
     from claimkit.protocol.models import Envelope, TerminalRecord
 
-__all__ = ["ACK_BATCH_MAX", "ACK_LINGER_SECONDS", "SWEEP_TIMEOUT_SECONDS", "Job", "Settler"]
+__all__ = [
+    "ACK_BATCH_MAX",
+    "ACK_IDLE_SECONDS",
+    "ACK_LINGER_SECONDS",
+    "SWEEP_TIMEOUT_SECONDS",
+    "Job",
+    "Settler",
+]
 
 log = logging.getLogger("claimkit")
 
@@ -35,11 +42,16 @@ only delayed."""
 
 ACK_BATCH_MAX = 2000
 
-ACK_LINGER_SECONDS = 0.002
-"""How long the acker waits for more finished requests before it flushes a batch smaller
-than ``batch_size``. Without it, at ~1.5k requests/s an ack carries 2-3 records (0.4 ack
-scripts per request); with it, about ``batch_size``. Adds at most this to result latency
-(see docs/performance.md)."""
+ACK_LINGER_SECONDS = 0.020
+"""The longest the acker waits for more finished requests before it flushes a batch smaller
+than ``batch_size``, seconds (docs/protocol.md#ack). It waits only while other claims of the
+batch's queues are still being worked on (a lone request is acked at once) and while
+results keep coming (:data:`ACK_IDLE_SECONDS`); a worker's slot is freed when it hands its
+result over, so the wait adds to result latency, never to throughput."""
+
+ACK_IDLE_SECONDS = 0.005
+"""The acker stops waiting once no further result has arrived for this long, seconds: at
+light traffic a result waits at most this (docs/protocol.md#ack)."""
 
 OnSettled = Callable[["Envelope", "TerminalRecord | None"], None]
 
@@ -64,8 +76,8 @@ class Settler:
     (:meth:`run`) flushes them in batches.
 
     Args:
-        batch_size: ``batch_size`` of the config: the acker lingers up to
-            :data:`ACK_LINGER_SECONDS` for that many jobs.
+        batch_size: ``batch_size`` of the config: the acker waits for that many jobs
+            while more can come, up to :data:`ACK_LINGER_SECONDS` (:meth:`_gather`).
         health: notes answers, and stops the consumer on a fatal refusal.
         clock: takes the server time a park returns.
         on_settled: see ``Consumer``.
@@ -116,21 +128,43 @@ class Settler:
             self.done.set()
 
     async def _gather(self, first: Job) -> list[Job]:
+        """``first`` and what else is ready, then, while the batch is short of
+        ``batch_size`` and more can come, the results that arrive (docs/protocol.md#ack):
+        it stops at ``batch_size`` jobs, when no claim of the batch's queues is left
+        outside the batch (nothing more can arrive), when no job has arrived for
+        :data:`ACK_IDLE_SECONDS`, or :data:`ACK_LINGER_SECONDS` after ``first``."""
         batch = [first]
-        # Linger briefly for a fuller batch: one script call per batch_size
-        # records rather than one per 2-3 (docs/performance.md).
-        with trio.move_on_after(ACK_LINGER_SECONDS):
-            while len(batch) < self._batch_size:
+        self._take_ready(batch)
+        give_up_at = trio.current_time() + ACK_LINGER_SECONDS
+        while len(batch) < self._batch_size and self._more_can_come(batch):
+            deadline = min(give_up_at, trio.current_time() + ACK_IDLE_SECONDS)
+            with trio.move_on_at(deadline):
                 try:
                     batch.append(await self._recv.receive())
                 except trio.EndOfChannel:
                     break
+            if trio.current_time() >= deadline:
+                break
+            self._take_ready(batch)
+        return batch
+
+    def _take_ready(self, batch: list[Job]) -> None:
         while len(batch) < ACK_BATCH_MAX:
             try:
                 batch.append(self._recv.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-        return batch
+
+    @staticmethod
+    def _more_can_come(batch: list[Job]) -> bool:
+        """Whether some queue of ``batch`` holds a claim whose job is not in it: that
+        claim's work is still under way, so its result may come."""
+        queues = {id(job.queue): job.queue for job in batch}
+        for q in queues.values():
+            inside = sum(1 for j in batch if j.queue is q and q.claims.holds(j.claim))
+            if len(q.claims) > inside:
+                return True
+        return False
 
     async def flush(self, batch: list[Job]) -> None:
         """Ack, park or release a batch, one script call per queue and kind; retries while Redis is

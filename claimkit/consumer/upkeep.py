@@ -22,13 +22,27 @@ if TYPE_CHECKING:
     from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock
     from claimkit.protocol.stats import QueueGauges
 
-__all__ = ["QUEUE_STATS_INTERVAL_SECONDS", "Upkeep"]
+__all__ = [
+    "QUEUE_STATS_INTERVAL_SECONDS",
+    "RETRY_LOOK_MAX_SECONDS",
+    "RETRY_LOOK_MIN_SECONDS",
+    "Upkeep",
+]
 
 log = logging.getLogger("claimkit")
 
 QUEUE_STATS_INTERVAL_SECONDS = 5.0
 """How often each queue's figures are read from Redis (``lua/queue-stats-7.lua``, one round
 trip per queue) for the ``backlog`` gauge and the queue-wide gauges, seconds."""
+
+
+RETRY_LOOK_MAX_SECONDS = 1.0
+"""The longest the retry mover waits between two looks at a retry set, seconds: a retry due
+at T moves by T + this (docs/protocol.md#retry-mover)."""
+
+RETRY_LOOK_MIN_SECONDS = 0.01
+"""The shortest wait before looking again at a retry set whose earliest member is not yet
+due, seconds (the server clock is an estimate between replies)."""
 
 
 class Upkeep:
@@ -231,27 +245,51 @@ class Upkeep:
     # -- retry mover (docs/protocol.md#retry-mover) ------------------------------------------
 
     async def retry_mover(self) -> None:
-        """Each ``min(1 s, poll_interval)``, move every due retry member back to its queue:
-        one mover per retry set (standalone: the set every queue shares, drained through
-        the first queue's ops; Redis Cluster: each queue's own set,
-        docs/topology.md#retries-cancellation-and-the-producer)."""
-        interval = min(1.0, self._config.poll_interval_ms / 1000)
+        """Move every due retry member back to its queue: one mover per retry set
+        (standalone: the set every queue shares, drained through the first queue's ops;
+        Redis Cluster: each queue's own set,
+        docs/topology.md#retries-cancellation-and-the-producer).
+
+        Each look is one read-only ``ZRANGE <set> 0 0 WITHSCORES``
+        (:meth:`QueueOps.next_retry_due`); the mover script runs only when the earliest
+        member is due on the server clock (docs/protocol.md#retry-mover). An empty set is
+        looked at again after ``min(1 s, poll_interval)``, doubling each time it is still
+        empty up to :data:`RETRY_LOOK_MAX_SECONDS`; a set whose earliest member is not yet
+        due is looked at again when it is, at most that long ahead. So a member due at T
+        moves by T + :data:`RETRY_LOOK_MAX_SECONDS` (Redis answering)."""
+        base = min(RETRY_LOOK_MAX_SECONDS, self._config.poll_interval_ms / 1000)
         movers: dict[str, QueueRuntime] = {}
         for q in self._queues:
             movers.setdefault(q.ops.retry_set, q)
+        waits = dict.fromkeys(movers, base)
+        next_look = dict.fromkeys(movers, trio.current_time())
         while True:
-            for q in movers.values():
-                try:
-                    _moved, dead = await q.ops.move_retries()
-                    if dead:
-                        log.warning(
-                            "retry mover: %d unroutable members moved to %s:dead",
-                            dead,
-                            q.ops.retry_set,
-                        )
-                except (StoreUnavailable, StoreError) as exc:
-                    await self._health.failed("retry mover", exc)
-            await trio.sleep(interval)
+            now = trio.current_time()
+            for name, q in movers.items():
+                if next_look[name] > now:
+                    continue
+                waits[name] = await self._look_and_move(q, waits[name], base)
+                next_look[name] = trio.current_time() + waits[name]
+            await trio.sleep_until(min(next_look.values()))
+
+    async def _look_and_move(self, q: QueueRuntime, wait: float, base: float) -> float:
+        """One look at ``q``'s retry set, and a move when something is due; returns how
+        long to wait before the next look, seconds."""
+        try:
+            due = await q.ops.next_retry_due()
+            if due is None:
+                return min(RETRY_LOOK_MAX_SECONDS, wait * 2)
+            ahead = due - self._clock.now()
+            if ahead > 0:
+                return min(RETRY_LOOK_MAX_SECONDS, max(ahead, RETRY_LOOK_MIN_SECONDS))
+            _moved, dead = await q.ops.move_retries()
+            if dead:
+                log.warning(
+                    "retry mover: %d unroutable members moved to %s:dead", dead, q.ops.retry_set
+                )
+        except (StoreUnavailable, StoreError) as exc:
+            await self._health.failed("retry mover", exc)
+        return base
 
     # -- queue stats (docs/metrics.md#queue-wide-gauges) -------------------------------------
 

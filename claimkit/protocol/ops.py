@@ -872,6 +872,17 @@ class QueueOps:
             moved, dead, more = moved + m, dead + d, bool(more_flag)
         return moved, dead
 
+    async def next_retry_due(self) -> float | None:
+        """When the earliest member of :attr:`retry_set` is due (its score: Unix seconds,
+        server clock), or ``None`` when the set is empty: ``ZRANGE <retry set> 0 0
+        WITHSCORES``, one read-only command, so the retry mover runs its script only when
+        something is due (docs/protocol.md#retry-mover)."""
+        reply = await self.store.command("ZRANGE", self.retry_set, 0, 0, "WITHSCORES")
+        if not reply:
+            return None
+        first = reply[0]  # RESP3: [[member, score]]; RESP2: [member, score]
+        return float(first[1] if isinstance(first, list | tuple) else reply[1])
+
     async def backlog(self) -> int:
         """How many requests are pending: ``ZCARD <q>``."""
         return _int(await self.store.command("ZCARD", self.keys.pending))
@@ -899,7 +910,8 @@ class QueueProtocol(Protocol):
     ``renew`` (the claims and the consumer's liveness entry), ``register``,
     ``forget_self`` and ``expire_owners`` (the consumer registry,
     docs/protocol.md#consumers), ``ack``, ``park``, ``release``, ``reclaim``,
-    ``move_retries``, ``backlog``, ``queue_stats`` (the queue-wide gauges' one read),
+    ``move_retries``, ``next_retry_due`` (the mover's read-only look first), ``backlog``,
+    ``queue_stats`` (the queue-wide gauges' one read),
     ``first_wrong_type``. Times are Unix seconds on the Redis server clock; each call
     raises :class:`~claimkit.store.StoreUnavailable` or :class:`~claimkit.store.StoreError`
     as Redis fails.
@@ -961,6 +973,8 @@ class QueueProtocol(Protocol):
     ) -> ReclaimCounts: ...
 
     async def move_retries(self, *, limit: int = CHUNK) -> tuple[int, int]: ...
+
+    async def next_retry_due(self) -> float | None: ...
 
     async def backlog(self) -> int: ...
 
