@@ -92,6 +92,7 @@ class Run:
     n: int
     nofile_soft: int
     claimkit: str
+    batch_size: int
     samples: list[Sample] = field(default_factory=list)
     idle_rss_kb: int = 0
     idle_cpu_s: float = 0.0  # the consumer's CPU before any request: imports, start-up
@@ -100,6 +101,7 @@ class Run:
     complete: bool = False
     wall_s: float = 0.0
     gateway: dict[str, int] = field(default_factory=dict)  # POSTs answered, TCP connections
+    commands: dict[str, int] = field(default_factory=dict)  # Redis calls by command, whole run
 
 
 def proc_stats(pid: int) -> tuple[int, int, float, int, int]:
@@ -158,6 +160,19 @@ def redis_sample(
     return now, held, first, done, redis_cpu(info), renews
 
 
+def commandstats(port: int) -> dict[str, int]:
+    """Calls per command since the last ``CONFIG RESETSTAT`` (commands run inside scripts
+    count too, as in the peers harness)."""
+    (info,) = call(port, [["INFO", "commandstats"]], timeout=10)
+    assert isinstance(info, bytes)
+    calls = {}
+    for line in info.decode().splitlines():
+        if line.startswith("cmdstat_"):
+            name, rest = line[len("cmdstat_") :].split(":", 1)
+            calls[name] = int(rest.split(",")[0].split("=")[1])
+    return calls
+
+
 def start_gateway(latency_ms: int, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     if not (PEERS_DIR / "gateway.js").exists():
         raise SystemExit(f"no {PEERS_DIR}/gateway.js: set CLAIMKIT_PEERS_DIR to the peers harness")
@@ -177,9 +192,18 @@ def start_gateway(latency_ms: int, log: Path) -> tuple[subprocess.Popen[bytes], 
 
 
 def start_serve(
-    claimkit: str, redis_url: str, gateway_port: int, concurrency: int, nofile_soft: int, log: Path
+    args: argparse.Namespace, redis_url: str, gateway_port: int, concurrency: int, log: Path
 ) -> subprocess.Popen[bytes]:
-    config = {"queues": [{"queue_name": QUEUE, "igw_base_url": f"http://127.0.0.1:{gateway_port}"}]}
+    config: dict[str, Any] = {
+        "queues": [{"queue_name": QUEUE, "igw_base_url": f"http://127.0.0.1:{gateway_port}"}]
+    }
+    if args.batch_size:
+        config["batch_size"] = args.batch_size
+    nofile_soft = args.nofile_soft
+    command = [args.claimkit]
+    if args.profile:
+        pyinstrument = str(Path(sys.executable).with_name("pyinstrument"))
+        command = [pyinstrument, "-r", "text", "-o", str(log.with_suffix(".profile.txt")), *command]
 
     def limit() -> None:
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -188,7 +212,7 @@ def start_serve(
     with log.open("w") as err, log.with_suffix(".out").open("w") as out:
         return subprocess.Popen(
             [
-                claimkit,
+                *command,
                 "serve",
                 "--redis-url",
                 redis_url,
@@ -221,16 +245,16 @@ async def submit(redis_url: str, n: int) -> None:
 
 def one_run(args: argparse.Namespace, concurrency: int, workdir: Path) -> Run:
     n = args.periods * concurrency
-    run = Run(concurrency, args.latency_ms / 1000, n, args.nofile_soft, args.claimkit)
+    run = Run(
+        concurrency, args.latency_ms / 1000, n, args.nofile_soft, args.claimkit, args.batch_size
+    )
     renew_sha = script("renew").sha1
     with RedisServer(
         extra_args=["--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000"]
     ) as redis:
         gateway, gw_port = start_gateway(args.latency_ms, workdir / f"gateway-{concurrency}.log")
         serve_log = workdir / f"serve-{concurrency}.log"
-        serve = start_serve(
-            args.claimkit, redis.url, gw_port, concurrency, args.nofile_soft, serve_log
-        )
+        serve = start_serve(args, redis.url, gw_port, concurrency, serve_log)
         try:
             end = time.monotonic() + 30
             while "serving" not in serve_log.read_text():
@@ -243,6 +267,7 @@ def one_run(args: argparse.Namespace, concurrency: int, workdir: Path) -> Run:
             redis_sample(redis.port, renew_sha)  # resets the slowlog
             t0 = time.monotonic()
             trio.run(submit, redis.url, n)
+            call(redis.port, [["CONFIG", "RESETSTAT"]], timeout=10)  # the consumer's calls only
             stop_at = t0 + args.timeout
             while time.monotonic() < stop_at:
                 if serve.poll() is not None:
@@ -261,6 +286,7 @@ def one_run(args: argparse.Namespace, concurrency: int, workdir: Path) -> Run:
                     break
                 time.sleep(args.sample)
             run.wall_s = time.monotonic() - t0
+            run.commands = commandstats(redis.port)
             with contextlib.suppress(OSError, ValueError):
                 with urllib.request.urlopen(f"http://127.0.0.1:{gw_port}/stats", timeout=5) as r:
                     run.gateway = json.loads(r.read())
@@ -329,12 +355,24 @@ def figures(run: Run) -> dict[str, Any]:
         "renew_tick_ms_median": round(statistics.median(ticks) / 1000, 2) if ticks else None,
         "renew_tick_ms_max": round(max(ticks) / 1000, 2) if ticks else None,
         "renew_call_ms_max": round(max(renews) / 1000, 2) if renews else None,
+        "scripts_per_req": round(
+            sum(v for k, v in run.commands.items() if k in ("evalsha", "eval")) / done, 3
+        ),
+        "round_trip_cmds_per_req": round(
+            sum(v for k, v in run.commands.items() if k in TOP_LEVEL) / done, 3
+        ),
+        "commands": run.commands,
         "gateway_posts": run.gateway.get("posts"),
         "gateway_connections": run.gateway.get("connections"),
         "nofile_soft_at_start": run.nofile_soft,
+        "batch_size": run.batch_size or 10,
         "summary_line": run.summary_line,
     }
 
+
+# Commands a client sends (not the ones a script runs): with a pipeline several go in one
+# round trip, so this is an upper bound on round trips per request.
+TOP_LEVEL = {"evalsha", "eval", "zrange", "zrangebyscore", "hmget", "hget", "mget", "get", "exists"}
 
 COLUMNS = [
     ("concurrency", "in flight"),
@@ -347,6 +385,7 @@ COLUMNS = [
     ("rss_kb_per_held", "KB/held"),
     ("cpu_ms_per_req", "CPU ms/req"),
     ("redis_cpu_ms_per_req", "Redis ms/req"),
+    ("scripts_per_req", "scripts/req"),
     ("fds_max", "fds"),
     ("sockets_max", "sockets"),
     ("worst_headroom", "min headroom"),
@@ -371,6 +410,8 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=150, help="seconds allowed per run")
     p.add_argument("--nofile-soft", type=int, default=1024, help="serve's soft RLIMIT_NOFILE")
     p.add_argument("--claimkit", default=DEFAULT_CLAIMKIT, help="the claimkit executable")
+    p.add_argument("--batch-size", type=int, default=0, help="config batch_size (0: default)")
+    p.add_argument("--profile", action="store_true", help="run serve under pyinstrument")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     levels = args.concurrency or [2000]

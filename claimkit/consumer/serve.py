@@ -209,8 +209,8 @@ pool's connections, the listening sockets, stdio, trio's wake-up socket pair, lo
 def fds_needed(config: Config) -> int:
     """How many file descriptors ``serve`` may hold at once with ``config``: one gateway
     connection per request in flight (``concurrency``), ``http_max_connections`` when the
-    metrics or health server is on, and :data:`FD_RESERVE` (docs/performance.md, "How to
-    size --concurrency")."""
+    metrics or health server is on, and :data:`FD_RESERVE`
+    (docs/performance.md#how-to-size-concurrency)."""
     probes = config.http_max_connections if (config.metrics_port or config.health_port) else 0
     return config.concurrency + probes + FD_RESERVE
 
@@ -220,10 +220,10 @@ def raise_open_file_limit(config: Config) -> tuple[int, int]:
     warn in one line when it is still below :func:`fds_needed`.
 
     Most Linux systems start processes with a soft limit of 1024, which 1,000 gateway
-    connections in flight exhaust: each further connect fails (``EMFILE``) and its request
-    is handed back instead of sent (docs/dispatch.md). Any process may raise its soft limit
-    up to the hard one; past that only the operator can (``ulimit -Hn``, systemd
-    ``LimitNOFILE=``, the container runtime's ``nofile`` ulimit). A hard limit of
+    connections in flight exhaust: each further connect fails (``EMFILE``) as if the
+    gateway were unreachable (docs/dispatch.md#the-gateway-is-unreachable). Any process may
+    raise its soft limit up to the hard one; past that only the operator can (``ulimit
+    -Hn``, systemd ``LimitNOFILE=``, the container runtime's ``nofile`` ulimit). A hard limit of
     ``RLIM_INFINITY`` raises the soft one to what ``config`` needs (Linux refuses an
     infinite soft limit). A refused raise is a warning, never an error.
 
@@ -246,9 +246,9 @@ def raise_open_file_limit(config: Config) -> tuple[int, int]:
         log.warning(
             "claimkit: warning: the open-file limit is %d (hard limit %s), below the %d that "
             "--concurrency %d needs (one gateway connection per request in flight, plus %d); "
-            "past it requests are handed back unsent: raise the hard limit (ulimit -Hn, "
-            "systemd LimitNOFILE=, the container's nofile ulimit; docs/performance.md, \"How "
-            'to size --concurrency") or lower --concurrency',
+            "past it connects fail as if the gateway were unreachable: raise the hard limit "
+            "(ulimit -Hn, systemd LimitNOFILE=, the container's nofile ulimit; "
+            "docs/performance.md#how-to-size-concurrency) or lower --concurrency",
             after,
             "unlimited" if hard == resource.RLIM_INFINITY else hard,
             needed,
