@@ -22,6 +22,11 @@ Knobs (the harness passes fixed arguments, so these are environment variables):
 - ``CLAIMKIT_PEERS_RUNNERS``: where ``common.py`` is (default
   ``../shared/peers/runners``).
 
+``--concurrency`` is claimkit's ``concurrency`` (requests in flight in this process, each on
+its own gateway connection); ``work`` raises the soft open-file limit as ``claimkit serve``
+does (:func:`claimkit.consumer.serve.raise_open_file_limit`), so ``--concurrency 10000
+--gateway-latency-ms 10000`` runs on a soft limit of 1024 (the hard limit must allow it).
+
 Add it to a harness run with::
 
     bash ../shared/peers/run.sh --add claimkit="$PWD/.venv/bin/python $PWD/bench/peers_runner.py"
@@ -48,6 +53,7 @@ import trio
 
 from claimkit import Config, Consumer, Producer, QueueConfig, open_store
 from claimkit.consumer.dispatch import Done
+from claimkit.consumer.serve import raise_open_file_limit
 from claimkit.protocol.models import TerminalRecord
 
 BACKEND = os.environ.get("CLAIMKIT_BACKEND", "coredis")
@@ -109,10 +115,14 @@ async def work(args) -> None:  # type: ignore[no-untyped-def]
         async def handler(q, env, now):  # type: ignore[no-untyped-def]
             return Done(TerminalRecord.http(env.id, 200, "{}"))
 
+    config = config_for(args)
+    # As `claimkit serve` does: --concurrency 10000 needs more than the usual soft limit of
+    # 1024 open files (one gateway connection per request in flight).
+    raise_open_file_limit(config)
     async with open_store(args.redis, backend=BACKEND) as store:
         if os.environ.get("CLAIMKIT_COUNT_CALLS"):
             count_calls(store, calls)
-        consumer = Consumer(config_for(args), store, handler=handler, on_settled=settled)
+        consumer = Consumer(config, store, handler=handler, on_settled=settled)
         wall_start = time.time()
         meter.start()
         await consumer.run()

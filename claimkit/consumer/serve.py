@@ -6,6 +6,7 @@ Its tasks and their shutdown: docs/protocol.md#tasks-and-shutdown.
 from __future__ import annotations
 
 import logging
+import resource
 import signal
 from contextlib import contextmanager
 from functools import partial
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import FrameType
 
-__all__ = ["serve_forever"]
+__all__ = ["FD_RESERVE", "fds_needed", "raise_open_file_limit", "serve_forever"]
 
 log = logging.getLogger("claimkit")
 
@@ -200,13 +201,72 @@ async def _check_eviction(store: Store, *, allow_eviction: bool) -> None:
         )
 
 
+FD_RESERVE = 64
+"""File descriptors ``serve`` needs besides its gateway and probe connections: the Redis
+pool's connections, the listening sockets, stdio, trio's wake-up socket pair, logs."""
+
+
+def fds_needed(config: Config) -> int:
+    """How many file descriptors ``serve`` may hold at once with ``config``: one gateway
+    connection per request in flight (``concurrency``), ``http_max_connections`` when the
+    metrics or health server is on, and :data:`FD_RESERVE`
+    (docs/performance.md#how-to-size-concurrency)."""
+    probes = config.http_max_connections if (config.metrics_port or config.health_port) else 0
+    return config.concurrency + probes + FD_RESERVE
+
+
+def raise_open_file_limit(config: Config) -> tuple[int, int]:
+    """Raise this process's soft open-file limit (``RLIMIT_NOFILE``) to its hard limit, and
+    warn in one line when it is still below :func:`fds_needed`.
+
+    Most Linux systems start processes with a soft limit of 1024, which 1,000 gateway
+    connections in flight exhaust: each further connect fails (``EMFILE``) as if the
+    gateway were unreachable (docs/dispatch.md#the-gateway-is-unreachable). Any process may
+    raise its soft limit up to the hard one; past that only the operator can (``ulimit
+    -Hn``, systemd ``LimitNOFILE=``, the container runtime's ``nofile`` ulimit). A hard limit of
+    ``RLIM_INFINITY`` raises the soft one to what ``config`` needs (Linux refuses an
+    infinite soft limit). A refused raise is a warning, never an error.
+
+    Returns:
+        ``(before, after)``: the soft limit found and the one in force now.
+    """
+    needed = fds_needed(config)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = max(soft, needed) if hard == resource.RLIM_INFINITY else hard
+    after = soft
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            after = target
+        except (OSError, ValueError) as exc:
+            log.warning("claimkit: cannot raise the open-file limit from %d: %s", soft, exc)
+        else:
+            log.info("claimkit: open-file limit (RLIMIT_NOFILE) raised from %d to %d", soft, after)
+    if after != resource.RLIM_INFINITY and after < needed:
+        log.warning(
+            "claimkit: warning: the open-file limit is %d (hard limit %s), below the %d that "
+            "--concurrency %d needs (one gateway connection per request in flight, plus %d); "
+            "past it connects fail as if the gateway were unreachable: raise the hard limit "
+            "(ulimit -Hn, systemd LimitNOFILE=, the container's nofile ulimit; "
+            "docs/performance.md#how-to-size-concurrency) or lower --concurrency",
+            after,
+            "unlimited" if hard == resource.RLIM_INFINITY else hard,
+            needed,
+            config.concurrency,
+            needed - config.concurrency,
+        )
+    return soft, after
+
+
 async def serve_forever(
     config: Config, *, backend: str = "coredis", allow_eviction: bool = False
 ) -> Summary:
     """Run the consumer until SIGTERM/SIGINT and return its summary.
 
     A SIGTERM or SIGINT received while it starts is acted on as soon as the consumer runs:
-    it stops at once, through the same shutdown.
+    it stops at once, through the same shutdown. First the open-file limit is raised to
+    what ``config.concurrency`` needs, as far as the hard limit allows
+    (:func:`raise_open_file_limit`).
 
     Args:
         config: the loaded config.
@@ -223,6 +283,7 @@ async def serve_forever(
         ConfigError, StoreError: the preflight rerun after a sentinel failover refused the
             promoted primary (one line; the consumer stopped first).
     """
+    raise_open_file_limit(config)
     with _signals_while_starting() as early:
         return await _serve(config, backend, early, allow_eviction)
 
