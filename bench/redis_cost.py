@@ -60,7 +60,7 @@ from claimkit.dev.cluster import RedisClusterProcesses  # noqa: E402
 from claimkit.dev.redis_server import RedisServer  # noqa: E402
 
 PY = sys.executable
-PARENT_COMMANDS = ("cmdstat_info", "cmdstat_config")  # only the parent sends these mid-run
+PARENT_COMMANDS = ("cmdstat_info", "cmdstat_config")  # prefixes: only the parent sends these
 
 # What each call is for, by the name the counter gives it.
 PURPOSE = {
@@ -203,7 +203,7 @@ class Setup:
         }
         if own_llen:
             calls["llen"] = calls.get("llen", 0) - own_llen
-        usec = sum(int(v["usec"]) for k, v in cmd.items() if k not in PARENT_COMMANDS)
+        usec = sum(int(v["usec"]) for k, v in cmd.items() if not k.startswith(PARENT_COMMANDS))
         return {
             "calls": {k: v for k, v in calls.items() if v},
             "commands_incl_scripts": sum(calls.values()),
@@ -365,9 +365,10 @@ def idle_run(kind: str, k: int, poll_ms: int, seconds: float, replicas: int) -> 
         time.sleep(1.0)
         setup.reset()
         cpu0 = setup.cpu()
-        time.sleep(seconds)
+        base_s = min(seconds, 5.0)  # the servers alone (cluster: gossip, replication)
+        time.sleep(base_s)
         cpu1 = setup.cpu()
-        base_cpu = sum(cpu1[p][0] - cpu0[p][0] for p in setup.ports) / seconds
+        base_cpu = sum(cpu1[p][0] - cpu0[p][0] for p in setup.ports) / base_s
         base = {p: setup.stats(p) for p in setup.ports}
         cons = Consumers(setup, k, "http://127.0.0.1:1/v1/completions", poll_ms, tmp)
         stack.callback(cons.stop)
@@ -394,7 +395,7 @@ def idle_run(kind: str, k: int, poll_ms: int, seconds: float, replicas: int) -> 
         * 1000
         / k,
         "baseline_redis_cpu_ms_s": base_cpu * 1000,
-        "baseline_top_level_s": sum(x["top_level"] for x in base.values()) / seconds,
+        "baseline_top_level_s": sum(x["top_level"] for x in base.values()) / base_s,
         "round_trips_s_per_consumer_by_purpose": by_purpose,
         "counts": res["counts"],
     }
