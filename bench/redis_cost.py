@@ -498,8 +498,9 @@ def print_tables(out: dict[str, Any]) -> None:
         )
     print(
         "CPU us/job: Redis server CPU (user+sys) per job, summed over primaries; main: its main"
-        " thread;\nscripts/cmds/top-lvl/trips: per job (cmds include commands run inside scripts;"
-        " trips counted by the consumers);\n* extrapolation, not measured: 1e6 / main-thread "
+        " thread;\nscripts/cmds/trips: per job (cmds: every command Redis ran, those inside"
+        " scripts too; trips:\nround trips, counted by the consumers); clients: connections at"
+        " the end (the bench's own included);\n* extrapolation, not measured: 1e6 / main-thread "
         "us per job of the busiest primary (one queue = one primary)."
     )
     print(
