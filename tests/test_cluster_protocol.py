@@ -667,7 +667,8 @@ async def test_the_consumer_moves_the_retries_of_every_queue(store: Store) -> No
             assert (await q.ops.park([("r", token, -1.0, retry)]))[1] == [1]
             parked[q.ops.queue] = retry
         config = SimpleNamespace(poll_interval_ms=20)
-        upkeep = Upkeep(config, queues, SimpleNamespace(), SimpleNamespace())  # type: ignore[arg-type]
+        clock = SimpleNamespace(now=lambda: float(now))
+        upkeep = Upkeep(config, queues, SimpleNamespace(), clock)  # type: ignore[arg-type]
 
         async def both_back() -> bool:
             scores = [await store.command("ZSCORE", name, raw) for name, raw in parked.items()]
