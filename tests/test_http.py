@@ -390,3 +390,40 @@ async def test_cancelled_request_frees_its_slot_and_closes_its_connection(
             # The slot is free again: the next request goes through on a new connection.
             assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"late"
             assert client.connections_opened == 2
+
+
+@pytest.mark.parametrize(
+    "after",
+    [ok(b"stale"), b"garbage", b"HTTP/1.1 2"],
+    ids=["a second response", "stray bytes", "half a head"],
+)
+async def test_bytes_after_the_response_close_the_connection(
+    nursery: trio.Nursery, after: bytes
+) -> None:
+    """The server writes more than the answer in one go (a second response, stray bytes):
+    the client must not keep the connection, or the next request would be handed those
+    buffered bytes as its answer (the idle-readable check cannot see them)."""
+    accepted = 0
+
+    async def handler(stream: trio.SocketStream) -> None:
+        nonlocal accepted
+        accepted += 1
+        conn = accepted
+        async with stream:
+            buf = bytearray()
+            answered = 0
+            while await read_request(stream, buf) is not None:
+                answered += 1
+                body = b"conn%d-answer%d" % (conn, answered)
+                await stream.send_all(ok(body) + after if conn == 1 else ok(body))
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"conn1-answer1"
+            assert client.idle_count() == 0
+            assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"conn2-answer1"
+            assert client.connections_opened == 2
+            # A clean answer keeps its connection.
+            assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"conn2-answer2"
+            assert client.connections_opened == 2

@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 client for the gateway: h11 over trio streams, with a keep-alive pool.
+"""A small HTTP/1.1 client for the gateway over trio streams, with a keep-alive pool.
 
 Why not httpx: at 50 requests in flight httpx (through httpcore) spends ~1.2 ms of CPU per
 request, most of it in pool bookkeeping that grows with open x idle connections, which caps
@@ -6,6 +6,13 @@ one consumer process near 800 requests/s (see ``docs/performance.md``). This cli
 only what dispatch needs (docs/dispatch.md): one ``POST`` with a body already in bytes, the whole
 response read into memory, redirects never followed. Its pool is a LIFO stack of idle
 connections per origin and a counter; taking or returning a connection is O(1).
+
+The protocol is :mod:`claimkit.consumer.http_parse`, a strict hand-written response parser
+and request serialiser that accepts and refuses what h11 did. It replaced h11, whose event
+machinery was 9-17 % of the consumer's CPU; it was measured against h11 and against a wrapper
+round the ``httptools`` (llhttp) parser, and kept because it was clearly cheaper than h11 and
+no dearer than the wrapper that h11 parity needs (figures in ``docs/performance.md``, "The
+dispatch path").
 
 Behaviour:
 
@@ -16,6 +23,15 @@ Behaviour:
 - **Server closed an idle connection.** Before reuse, an idle connection that has become
   readable (the server sent EOF or stray bytes) is thrown away unused, and the request
   goes on the next idle connection or a fresh one: nothing of it was written yet.
+- **Bytes after the response.** A connection on which anything arrived after the end of the
+  response (a second response, stray bytes) is closed, never reused: those bytes would be
+  read as the next request's answer. So is one whose request or response said
+  ``Connection: close``, an ``HTTP/1.0`` response, or a body that ran to EOF.
+- **Request headers.** Header names must be tokens and values free of CR, LF, NUL and
+  surrounding whitespace, else :class:`InvalidURL` (``invalid request: ...``) before
+  anything connects; so too a ``Content-Length`` that is not the body's length. A caller's
+  ``Transfer-Encoding: chunked`` frames the body (no ``Content-Length`` is added then).
+  Informational (1xx) responses are skipped.
 - **Connecting.** A new connection is opened whole before anything is written: the name
   resolved, TCP connected, and for ``https`` the TLS handshake done (trio would otherwise
   defer it to the first write). So :class:`ConnectError` and :class:`ConnectTimeout` mean
@@ -49,8 +65,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
-import h11
 import trio
+
+from claimkit.consumer.http_parse import ProtocolError, ResponseParser, serialise_post
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -217,14 +234,13 @@ def _split(url: str) -> tuple[_Origin, bytes]:
 
 
 class _Conn:
-    """One HTTP/1.1 connection: a trio stream and its h11 state machine."""
+    """One HTTP/1.1 connection: a trio stream, and when it went idle."""
 
-    __slots__ = ("h11", "idle_since", "origin", "stream", "uses")
+    __slots__ = ("idle_since", "origin", "stream", "uses")
 
     def __init__(self, origin: _Origin, stream: trio.abc.Stream) -> None:
         self.origin = origin
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
         self.uses = 0  # completed exchanges
 
@@ -347,7 +363,7 @@ class HttpClient:
             # An idle connection the server closed is dropped here, before a byte is
             # written on it; after that nothing is ever sent twice.
             conn = self._take_idle(origin) or await self._connect(origin, deadline, timeout)
-            return await self._exchange(conn, request, body, deadline, timeout)
+            return await self._exchange(conn, request, deadline, timeout)
         finally:
             self._slots.release()
 
@@ -359,7 +375,8 @@ class HttpClient:
         target: bytes,
         body: bytes,
         headers: Sequence[tuple[bytes, bytes]],
-    ) -> h11.Request:
+    ) -> tuple[bytes, bool]:
+        """The request's bytes, and whether its connection may be reused after it."""
         have = {k.lower() for k, _ in headers}
         out: list[tuple[bytes, bytes]] = []
         if b"host" not in have:
@@ -367,11 +384,13 @@ class HttpClient:
         if b"user-agent" not in have:
             out.append((b"User-Agent", self.user_agent))
         out.extend(headers)
-        if b"content-length" not in have:
+        # Transfer-Encoding given: it frames the body, and a Content-Length beside it
+        # would make the message one that servers may refuse (RFC 9112 section 6.1).
+        if b"content-length" not in have and b"transfer-encoding" not in have:
             out.append((b"Content-Length", str(len(body)).encode()))
         try:
-            return h11.Request(method=b"POST", target=target, headers=out)
-        except h11.LocalProtocolError as exc:
+            return serialise_post(target, out, body)
+        except ProtocolError as exc:
             raise InvalidURL(f"invalid request: {exc}") from None
 
     def _take_idle(self, origin: _Origin) -> _Conn | None:
@@ -418,57 +437,48 @@ class HttpClient:
     async def _exchange(
         self,
         conn: _Conn,
-        request: h11.Request,
-        body: bytes,
+        request: tuple[bytes, bool],
         deadline: float,
         timeout: float,
     ) -> Response:
-        """One request/response on ``conn``. Puts it back in the pool when both sides are
-        done and it can be reused; closes it otherwise."""
+        """One request/response on ``conn``. Puts it back in the pool when both sides
+        allow it and nothing arrived after the response; closes it otherwise."""
         keep = False
-        phase = "write"
-        status = 0
-        headers: list[tuple[bytes, bytes]] = []
+        writing = True
+        parser = ResponseParser()
         try:
-            h = conn.h11
-            try:
-                data = h.send(request) or b""
-                data += h.send(h11.Data(data=body)) or b""
-                data += h.send(h11.EndOfMessage()) or b""
-            except h11.LocalProtocolError as exc:
-                raise InvalidURL(f"invalid request: {exc}") from None
             with trio.move_on_at(deadline):
+                stream = conn.stream
                 try:
-                    await conn.stream.send_all(data)
+                    await stream.send_all(request[0])
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     raise RemoteProtocolError(f"connection broke while sending: {exc}") from None
-                phase = "head"
-                head = await self._read_head(conn)
-                status, headers = head.status_code, list(head.headers)
-                phase = "body"
-                chunks: list[bytes] = []
+                writing = False
                 try:
-                    while True:
-                        event = await self._next_event(conn)
-                        if type(event) is h11.Data:
-                            chunks.append(bytes(event.data))
-                        elif type(event) is h11.EndOfMessage:
-                            break
-                        else:
-                            raise RemoteProtocolError(f"unexpected {type(event).__name__}")
-                except (HttpError, _EOFBeforeResponse) as exc:
-                    raise BodyError(str(exc), status, headers, timed_out=False) from None
+                    await self._read_response(stream, parser)
+                except (ProtocolError, _Broken) as exc:
+                    reason = (
+                        f"malformed response: {exc}" if type(exc) is ProtocolError else str(exc)
+                    )
+                    if not parser.head_done:
+                        raise RemoteProtocolError(reason) from None
+                    raise BodyError(
+                        reason, parser.status, parser.headers, timed_out=False
+                    ) from None
                 conn.uses += 1
-                keep = h.our_state is h11.DONE and h.their_state is h11.DONE
-                if keep:
-                    h.start_next_cycle()
-                return Response(status, headers, b"".join(chunks))
+                # Bytes after the response (a second response, stray data) would be read
+                # as the next request's answer: such a connection is closed, not reused.
+                keep = request[1] and parser.keep_alive and not parser.extra
+                return Response(parser.status, parser.headers, parser.body)
             # The deadline passed: say in which phase.
-            if phase == "body":
+            if parser.head_done:
                 raise BodyError(
-                    f"body not complete within {_seconds(timeout)}", status, headers, timed_out=True
+                    f"body not complete within {_seconds(timeout)}",
+                    parser.status,
+                    parser.headers,
+                    timed_out=True,
                 )
-            if phase == "write":
+            if writing:
                 raise WriteTimeout(f"timed out sending the request after {_seconds(timeout)}")
             raise ReadTimeout(f"no response within {_seconds(timeout)}")
         finally:
@@ -477,40 +487,26 @@ class HttpClient:
             else:
                 await conn.aclose()
 
-    async def _read_head(self, conn: _Conn) -> h11.Response:
-        while True:
-            try:
-                event = await self._next_event(conn)
-            except _EOFBeforeResponse as exc:
-                raise RemoteProtocolError(str(exc)) from None
-            if type(event) is h11.Response:
-                return event
-            if type(event) is h11.InformationalResponse:
-                continue  # 100 Continue and friends: the real head follows
-            raise RemoteProtocolError(f"unexpected {type(event).__name__} before the response")
+    @staticmethod
+    async def _read_response(stream: trio.abc.Stream, parser: ResponseParser) -> None:
+        """Read into ``parser`` until the response is complete.
 
-    async def _next_event(self, conn: _Conn) -> h11.Event:
-        h = conn.h11
+        Raises:
+            ProtocolError: malformed response (or EOF mid-body).
+            _Broken: the connection broke, or closed before the response head.
+        """
         while True:
             try:
-                event = h.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise RemoteProtocolError(f"malformed response: {exc}") from None
-            if event is h11.NEED_DATA:
-                try:
-                    data = await conn.stream.receive_some(_RECEIVE_BYTES)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    if h.their_state is h11.SEND_RESPONSE:
-                        raise _EOFBeforeResponse(f"connection broke: {exc}") from None
-                    raise RemoteProtocolError(f"connection broke: {exc}") from None
-                if not data and h.their_state is h11.SEND_RESPONSE:
-                    raise _EOFBeforeResponse("server closed the connection without a response")
-                h.receive_data(bytes(data))
-                continue
-            if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
-                raise RemoteProtocolError("server closed the connection mid-response")
-            assert not isinstance(event, type)
-            return event
+                data = await stream.receive_some(_RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise _Broken(f"connection broke: {exc}") from None
+            if not data:
+                if not parser.head_done:
+                    raise _Broken("server closed the connection without a response")
+                parser.feed_eof()
+                return
+            if parser.feed(data if type(data) is bytes else bytes(data)):
+                return
 
 
 async def _open_stream(origin: _Origin) -> trio.abc.Stream:
@@ -578,8 +574,8 @@ async def probe(url: str, timeout: float) -> None:
     raise ConnectTimeout(f"timed out connecting after {_seconds(timeout)}")
 
 
-class _EOFBeforeResponse(Exception):
-    pass
+class _Broken(Exception):
+    """The connection broke or reached EOF while reading (mapped by the phase)."""
 
 
 def _seconds(seconds: float) -> str:
