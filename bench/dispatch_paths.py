@@ -14,7 +14,10 @@ JSON. Candidates:
 - ``httpx-claimkit-0.1``: claimkit's old client, pool = keep-alive = concurrency;
 - ``httpx-keepalive-10``: httpx with at most 10 idle connections kept;
 - ``httpcore``: ``httpcore.AsyncConnectionPool`` directly, without httpx's layers;
-- ``claimkit-h11``: :class:`claimkit.consumer.http.HttpClient` (h11 over trio streams, own pool);
+- ``claimkit-http``: :class:`claimkit.consumer.http.HttpClient` (httptools parser, own pool;
+  ``claimkit-h11`` before issue 13 replaced h11);
+- ``claimkit-http-handwritten``: the same client with ``bench/_http_handwritten.py``'s pure
+  Python response parser in place of the httptools one (the measured alternative);
 - ``claimkit-dispatch``: the whole :func:`claimkit.consumer.dispatch.dispatch` on that client
   (headers, URL, §4 decision, terminal record);
 - ``raw-floor``: a hand-written HTTP/1.1 exchange on kept-open trio streams (Content-Length
@@ -130,7 +133,7 @@ async def _httpcore(name: str, url: str, conc: int) -> Client:
     return post, close
 
 
-async def _claimkit_h11(name: str, url: str, conc: int) -> Client:
+async def _claimkit_http(name: str, url: str, conc: int) -> Client:
     from claimkit.consumer.http import HttpClient
 
     hc = HttpClient(max_connections=conc)
@@ -143,6 +146,15 @@ async def _claimkit_h11(name: str, url: str, conc: int) -> Client:
         await hc.aclose()
 
     return post, close
+
+
+async def _claimkit_http_handwritten(name: str, url: str, conc: int) -> Client:
+    import _http_handwritten
+
+    from claimkit.consumer import http
+
+    http.ResponseParser = _http_handwritten.ResponseParser  # type: ignore[misc]
+    return await _claimkit_http(name, url, conc)
 
 
 async def _claimkit_dispatch(name: str, url: str, conc: int) -> Client:
@@ -215,7 +227,8 @@ async def _raw_floor(name: str, url: str, conc: int) -> Client:
 _CLIENTS: dict[str, Callable[[str, str, int], Awaitable[Client]]] = {
     "httpx": _httpx,
     "httpcore": _httpcore,
-    "claimkit-h11": _claimkit_h11,
+    "claimkit-http": _claimkit_http,
+    "claimkit-http-handwritten": _claimkit_http_handwritten,
     "claimkit-dispatch": _claimkit_dispatch,
     "raw-floor": _raw_floor,
 }
@@ -265,7 +278,8 @@ CANDIDATES = [
     "httpx-claimkit-0.1",
     "httpx-keepalive-10",
     "httpcore",
-    "claimkit-h11",
+    "claimkit-http",
+    "claimkit-http-handwritten",
     "claimkit-dispatch",
     "raw-floor",
 ]

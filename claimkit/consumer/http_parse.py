@@ -214,7 +214,7 @@ def _normalise_length(value: bytes) -> bytes:
     return value
 
 
-def _header_line(name: bytes, value: bytes) -> tuple[bytes, bytes, bytes]:
+def _check_header(name: bytes, value: bytes) -> tuple[bytes, bytes, bytes]:
     """``(lower-case name, value as sent, the line)`` of one request header.
 
     Raises:
@@ -233,6 +233,25 @@ def _header_line(name: bytes, value: bytes) -> tuple[bytes, bytes, bytes]:
         if value != b"chunked":
             raise ProtocolError("Only Transfer-Encoding: chunked is supported")
     return lower, value, b"%s: %s\r\n" % (name, value)
+
+
+_LINES: dict[tuple[bytes, bytes], tuple[bytes, bytes, bytes]] = {}
+"""Checked header lines: dispatch sends the same few headers with every request."""
+_LINES_MAX = 512
+_LINES_VALUE_MAX = 256
+
+
+def _header_line(name: bytes, value: bytes) -> tuple[bytes, bytes, bytes]:
+    """:func:`_check_header`, remembered for short values (bounded: cleared when full)."""
+    key = (name, value)
+    line = _LINES.get(key)
+    if line is None:
+        line = _check_header(name, value)
+        if len(value) <= _LINES_VALUE_MAX:
+            if len(_LINES) >= _LINES_MAX:
+                _LINES.clear()
+            _LINES[key] = line
+    return line
 
 
 def serialise_post(
