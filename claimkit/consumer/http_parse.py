@@ -87,7 +87,7 @@ class ResponseParser:
     )
 
     def __init__(self) -> None:
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._chunks: list[bytes] = []
         self._head_bytes = 0
         self._informational = False
@@ -112,9 +112,13 @@ class ResponseParser:
         Raises:
             ProtocolError: malformed response.
         """
+        parser = self._parser
+        if parser is None:
+            raise ProtocolError("the response already ended")
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
+            self._parser = None
             cause = exc.__context__
             if isinstance(cause, _Extra):
                 self.extra = True
@@ -123,15 +127,20 @@ class ResponseParser:
                 raise ProtocolError(str(cause)) from None
             raise ProtocolError(str(exc)) from None
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._parser = None
             if self.done:  # garbage after the response
                 self.extra = True
                 return True
             raise ProtocolError(str(exc) or type(exc).__name__) from None
         if self.done:
+            # The llhttp parser refers back to this object: dropped, so that no reference
+            # cycle is left for the garbage collector (one per request, measurable).
+            self._parser = None
             return True
         if not self.head_done:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_INCOMPLETE_BYTES:
+                self._parser = None
                 raise ProtocolError("response head too long")
         return False
 
@@ -178,6 +187,7 @@ class ResponseParser:
 
     def on_headers_complete(self) -> None:
         parser = self._parser
+        assert parser is not None  # called from inside feed_data
         status = parser.get_status_code()
         if status < 200:
             if status == 101:
