@@ -436,9 +436,10 @@ async def dispatch(
 def open_http_client(concurrency: int) -> _http.HttpClient:
     """A gateway client for up to ``concurrency`` requests in flight at once.
 
-    It is claimkit's own HTTP/1.1 client (:class:`claimkit.consumer.http.HttpClient`, h11 over
-    trio streams): redirects are never followed (docs/dispatch.md), up to ``concurrency``
-    connections are open at once, so a full worker pool never waits for a connection, and
+    It is claimkit's own HTTP/1.1 client (:class:`claimkit.consumer.http.HttpClient`, the
+    httptools parser over trio streams): redirects are never followed (docs/dispatch.md), up
+    to ``concurrency`` connections are open at once, so a full worker pool never waits for a
+    connection, and
     idle ones are kept for reuse for :data:`claimkit.consumer.http.KEEPALIVE_EXPIRY_SECONDS`
     (1.5 s, below common gateway keep-alive timeouts: a request written on a connection the
     server is closing is never re-sent, so that race must stay rare). :func:`dispatch`

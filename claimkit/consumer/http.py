@@ -7,12 +7,13 @@ only what dispatch needs (docs/dispatch.md): one ``POST`` with a body already in
 response read into memory, redirects never followed. Its pool is a LIFO stack of idle
 connections per origin and a counter; taking or returning a connection is O(1).
 
-The protocol is :mod:`claimkit.consumer.http_parse`, a strict hand-written response parser
-and request serialiser that accepts and refuses what h11 did. It replaced h11, whose event
-machinery was 9-17 % of the consumer's CPU; it was measured against h11 and against a wrapper
-round the ``httptools`` (llhttp) parser, and kept because it was clearly cheaper than h11 and
-no dearer than the wrapper that h11 parity needs (figures in ``docs/performance.md``, "The
-dispatch path").
+The wire format is :mod:`claimkit.consumer.http_parse`: the ``httptools`` (llhttp, C)
+response parser in a thin wrapper that refuses what h11 refused, and a hand-written request
+serialiser. It replaced h11 (issue 13), whose event machinery was 9-17 % of the consumer's
+CPU: measured with ``bench/dispatch_paths.py``, the client went from 0.129 to 0.056 ms of
+CPU per request. A strict hand-written parser with h11's exact grammar
+(``bench/_http_handwritten.py``) was measured too, at 0.060 ms: not faster, so the library
+was kept (``docs/performance.md``, "The dispatch path").
 
 Behaviour:
 
@@ -25,7 +26,8 @@ Behaviour:
   goes on the next idle connection or a fresh one: nothing of it was written yet.
 - **Bytes after the response.** A connection on which anything arrived after the end of the
   response (a second response, stray bytes) is closed, never reused: those bytes would be
-  read as the next request's answer. So is one whose request or response said
+  read as the next request's answer. (Empty lines are the exception: llhttp drops them, as
+  between pipelined messages.) So is one whose request or response said
   ``Connection: close``, an ``HTTP/1.0`` response, or a body that ran to EOF.
 - **Request headers.** Header names must be tokens and values free of CR, LF, NUL and
   surrounding whitespace, else :class:`InvalidURL` (``invalid request: ...``) before
