@@ -427,3 +427,37 @@ async def test_bytes_after_the_response_close_the_connection(
             # A clean answer keeps its connection.
             assert (await client.post(url, b"{}", JSON, timeout=5)).body == b"conn2-answer2"
             assert client.connections_opened == 2
+
+
+async def test_caller_connection_close_and_transfer_encoding(nursery: trio.Nursery) -> None:
+    """Caller headers keep h11's meaning: ``Connection: close`` ends reuse after the
+    exchange; ``Transfer-Encoding: chunked`` frames the body (no Content-Length added)."""
+    raw: list[bytes] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            buf = b""
+            while not buf.endswith((b"\r\n0\r\n\r\n", b"\r\n\r\n{}")):
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    return
+                buf += chunk
+            raw.append(buf)
+            await stream.send_all(ok(b"fine"))
+            await stream.receive_some(65536)  # the client closes, or sends the next one
+
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, handler)
+        async with HttpClient(max_connections=1) as client:
+            for _ in range(2):
+                r = await client.post(url, b"{}", [(b"Connection", b"close")], timeout=5)
+                assert r.body == b"fine"
+                assert client.idle_count() == 0
+            assert client.connections_opened == 2
+            r = await client.post(url, b"{}", [(b"Transfer-Encoding", b"chunked")], timeout=5)
+            assert r.body == b"fine"
+    assert b"\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}" in raw[0]
+    head, _, body = raw[2].partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding: chunked" in head.split(b"\r\n")
+    assert b"content-length" not in head.lower()
+    assert body == b"2\r\n{}\r\n0\r\n\r\n"
