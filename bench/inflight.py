@@ -25,7 +25,9 @@ Once ``serve`` is up and idle (idle RSS taken), ``--periods`` x C requests are s
   1000 held claims, so the renews of one sample make up its ticks.
 
 Reported per run: steady-state throughput (the result list's rate between the first full
-latency period and the last) against the ideal C / latency; peak RSS and RSS per held request
+latency period and the last) against the ideal C / latency, and the rate after the first wave
+((n - C) over the time from C finished to n finished, which does not depend on where the
+waves of completions fall between samples); peak RSS and RSS per held request
 ((median RSS while C are held - idle RSS) / held); consumer CPU and Redis CPU per request; peak
 fds and sockets; the worst lease headroom; renew server time per tick (median and max).
 
@@ -306,6 +308,18 @@ def one_run(args: argparse.Namespace, concurrency: int, workdir: Path) -> Run:
     return run
 
 
+def crossing(samples: list[Sample], done: int) -> float | None:
+    """When the result list first reached ``done`` (seconds, linear between samples)."""
+    prev = None
+    for x in samples:
+        if x.done >= done:
+            if prev is None or x.done == prev.done:
+                return x.t
+            return prev.t + (x.t - prev.t) * (done - prev.done) / (x.done - prev.done)
+        prev = x
+    return None
+
+
 def figures(run: Run) -> dict[str, Any]:
     s = run.samples
     if not s:
@@ -318,6 +332,12 @@ def figures(run: Run) -> dict[str, Any]:
     else:
         rate = float("nan")
     ideal = c / lat
+    # The requests are all submitted at once, so they finish in waves of up to C, one per
+    # latency period, and a rate read between two fixed samples depends on where the waves
+    # fall. After the first wave: (n - C) requests over the time from the result list
+    # reaching C to reaching n (each crossing interpolated between samples).
+    first, last_t = crossing(s, c), crossing(s, run.n)
+    after_first = (run.n - c) / (last_t - first) if first and last_t and last_t > first else None
     full = [x for x in s if x.t >= lat and x.done <= run.n - c] or s
     held = statistics.median(x.held for x in full)
     rss_steady = statistics.median(x.rss_kb for x in full)
@@ -339,6 +359,8 @@ def figures(run: Run) -> dict[str, Any]:
         "steady_rate": round(rate, 1),
         "ideal_rate": round(ideal, 1),
         "rate_vs_ideal": round(rate / ideal, 3),
+        "after_first_rate": round(after_first, 1) if after_first else None,
+        "after_first_vs_ideal": round(after_first / ideal, 3) if after_first else None,
         "overall_rate": round(last.done / last.t, 1),
         "held_median": held,
         "held_max": max(x.held for x in s),
@@ -379,11 +401,14 @@ COLUMNS = [
     ("steady_rate", "req/s"),
     ("ideal_rate", "ideal"),
     ("rate_vs_ideal", "of ideal"),
+    ("after_first_rate", "req/s after 1st"),
+    ("after_first_vs_ideal", "of ideal"),
+    ("cpu_ms_per_req", "CPU ms/req"),
+    ("gateway_connections", "connections"),
     ("held_median", "held"),
     ("idle_rss_mb", "idle RSS MB"),
     ("peak_rss_mb", "peak RSS MB"),
     ("rss_kb_per_held", "KB/held"),
-    ("cpu_ms_per_req", "CPU ms/req"),
     ("redis_cpu_ms_per_req", "Redis ms/req"),
     ("scripts_per_req", "scripts/req"),
     ("fds_max", "fds"),
