@@ -183,7 +183,7 @@ def test_out_of_open_files_hands_requests_back_in_one_line_without_the_breaker(
                 proc.kill()
                 proc.wait(10)
     assert isinstance(records, list)
-    statuses = sorted(json.loads(r)["status_code"] for r in records)  # type: ignore[arg-type]
+    statuses = sorted(json.loads(r)["status_code"] for r in records)
     assert statuses == [200] * n
     text = log.read_text()
     assert "unreachable" not in text
