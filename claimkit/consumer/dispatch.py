@@ -479,7 +479,9 @@ def open_http_client(concurrency: int) -> _http.HttpClient:
     connections are open at once, so a full worker pool never waits for a connection, and
     idle ones are kept for reuse for :data:`claimkit.consumer.http.KEEPALIVE_EXPIRY_SECONDS`
     (1.5 s, below common gateway keep-alive timeouts: a request written on a connection the
-    server is closing is never re-sent, so that race must stay rare). :func:`dispatch`
+    server is closing is never re-sent, so that race must stay rare), or 1 s less than a
+    gateway's own ``Keep-Alive: timeout=N`` says (at most
+    :data:`claimkit.consumer.http.KEEPALIVE_MAX_SECONDS`). :func:`dispatch`
     sets the timeout of every attempt.
     Use it as ``async with open_http_client(n) as client:`` so its connections are closed.
     See ``docs/performance.md`` for why not httpx (about 10x the CPU per request).
