@@ -21,13 +21,17 @@ Once ``serve`` is up and idle (idle RSS taken), ``--periods`` x C requests are s
   held claim, docs/protocol.md#keys): ``ZCARD`` and its lowest score, so the worst lease
   headroom is ``min(expiry - now) / lease``; the result list's length (finished requests);
   ``INFO cpu``; and ``SLOWLOG`` (threshold 0, reset at each sample) for the server time of
-  every renew script (``lua/renew-4.lua``): a heartbeat tick is one pipeline of one renew per
-  1000 held claims, so the renews of one sample make up its ticks.
+  every renew script (``lua/renew-4.lua``): a claims tick is one pipeline of one renew per
+  1000 held claims, so the claims renews of one sample make up its ticks; a renew with no
+  claims (13 arguments) is a liveness-only call, counted apart.
 
 Reported per run: steady-state throughput (the result list's rate between the first full
-latency period and the last) against the ideal C / latency; peak RSS and RSS per held request
+latency period and the last) against the ideal C / latency, and the rate after the first wave
+((n - C) over the time from C finished to n finished, which does not depend on where the
+waves of completions fall between samples); peak RSS and RSS per held request
 ((median RSS while C are held - idle RSS) / held); consumer CPU and Redis CPU per request; peak
-fds and sockets; the worst lease headroom; renew server time per tick (median and max).
+fds and sockets; the worst lease headroom; renew server time per claims tick (median and
+max); renew calls per second and their Redis time per second (claims and liveness-only).
 
 Run::
 
@@ -82,7 +86,8 @@ class Sample:
     done: int
     headroom: float | None  # min(lease expiry - server now) / lease, over held claims
     redis_cpu_s: float
-    renew_us: list[int] = field(default_factory=list)  # server time of each renew call
+    renew_us: list[int] = field(default_factory=list)  # server time of each claims renew call
+    liveness_us: list[int] = field(default_factory=list)  # ... of each liveness-only renew
 
 
 @dataclass
@@ -129,10 +134,17 @@ def redis_cpu(info: bytes) -> float:
     return float(values["used_cpu_user"]) + float(values["used_cpu_sys"])
 
 
+# A liveness-only renew (QueueOps.renew_liveness: no claims) as SLOWLOG shows it: EVALSHA,
+# sha, numkeys, 4 keys, the lease ttl and 5 consumer arguments.
+LIVENESS_RENEW_ARGS = 13
+
+
 def redis_sample(
     port: int, renew_sha: str
-) -> tuple[float, int, float | None, int, float, list[int]]:
-    """``(server_now, held, lowest lease expiry, done, redis_cpu_s, renew_us)``."""
+) -> tuple[float, int, float | None, int, float, list[int], list[int]]:
+    """``(server_now, held, lowest lease expiry, done, redis_cpu_s, renew_us, liveness_us)``:
+    the server time of each renew call that carried claims, and of each that renewed the
+    consumer's liveness entry alone."""
     idx = f"{QUEUE}:claims-idx"
     replies = call(
         port,
@@ -151,13 +163,14 @@ def redis_sample(
     assert isinstance(time_reply, list)
     now = int(time_reply[0]) + int(time_reply[1]) / 1e6  # type: ignore[call-overload]
     first = float(lowest[1]) if isinstance(lowest, list) and lowest else None  # type: ignore[arg-type]
-    renews = []
+    renews, alone = [], []
     for entry in slowlog if isinstance(slowlog, list) else []:
         args = entry[3]  # type: ignore[index]
         if len(args) > 1 and args[0].upper() == b"EVALSHA" and args[1].decode() == renew_sha:
-            renews.append(int(entry[2]))  # type: ignore[index]
+            into = alone if len(args) == LIVENESS_RENEW_ARGS else renews
+            into.append(int(entry[2]))  # type: ignore[index]
     assert isinstance(held, int) and isinstance(done, int) and isinstance(info, bytes)
-    return now, held, first, done, redis_cpu(info), renews
+    return now, held, first, done, redis_cpu(info), renews, alone
 
 
 def commandstats(port: int) -> dict[str, int]:
@@ -273,12 +286,12 @@ def one_run(args: argparse.Namespace, concurrency: int, workdir: Path) -> Run:
                 if serve.poll() is not None:
                     break
                 rss, hwm, cpu, fds, sockets = proc_stats(serve.pid)
-                now, held, lowest, done, rcpu, renews = redis_sample(redis.port, renew_sha)
+                now, held, lowest, done, rcpu, renews, alone = redis_sample(redis.port, renew_sha)
                 headroom = None if lowest is None else (lowest - now) / DEFAULT_LEASE_TTL_SECONDS
                 run.samples.append(
                     Sample(
                         time.monotonic() - t0, rss, hwm, cpu, fds, sockets, held, done,
-                        headroom, rcpu, renews,
+                        headroom, rcpu, renews, alone,
                     )
                 )  # fmt: skip
                 if done >= n:
@@ -306,6 +319,18 @@ def one_run(args: argparse.Namespace, concurrency: int, workdir: Path) -> Run:
     return run
 
 
+def crossing(samples: list[Sample], done: int) -> float | None:
+    """When the result list first reached ``done`` (seconds, linear between samples)."""
+    prev = None
+    for x in samples:
+        if x.done >= done:
+            if prev is None or x.done == prev.done:
+                return x.t
+            return prev.t + (x.t - prev.t) * (done - prev.done) / (x.done - prev.done)
+        prev = x
+    return None
+
+
 def figures(run: Run) -> dict[str, Any]:
     s = run.samples
     if not s:
@@ -318,6 +343,12 @@ def figures(run: Run) -> dict[str, Any]:
     else:
         rate = float("nan")
     ideal = c / lat
+    # The requests are all submitted at once, so they finish in waves of up to C, one per
+    # latency period, and a rate read between two fixed samples depends on where the waves
+    # fall. After the first wave: (n - C) requests over the time from the result list
+    # reaching C to reaching n (each crossing interpolated between samples).
+    first, last_t = crossing(s, c), crossing(s, run.n)
+    after_first = (run.n - c) / (last_t - first) if first and last_t and last_t > first else None
     full = [x for x in s if x.t >= lat and x.done <= run.n - c] or s
     held = statistics.median(x.held for x in full)
     rss_steady = statistics.median(x.rss_kb for x in full)
@@ -325,9 +356,11 @@ def figures(run: Run) -> dict[str, Any]:
     first_redis = s[0].redis_cpu_s  # after the submit: the consumer's Redis work alone
     done = max(last.done, 1)
     renews = [u for x in s for u in x.renew_us]
-    # One tick's renews arrive within one sample; a sample with renews holds one tick
-    # (ticks are 3.3 s apart, samples 0.5 s).
+    alone = [u for x in s for u in x.liveness_us]
+    # One claims tick's renews arrive within one sample; a sample with claims renews holds
+    # one tick (claims ticks are 30 s apart at the default lease, samples 0.5 s).
     ticks = [sum(x.renew_us) for x in s if x.renew_us]
+    span = max(s[-1].t - s[0].t, 1e-9)
     headrooms = [x.headroom for x in s if x.headroom is not None]
     return {
         "concurrency": c,
@@ -339,6 +372,8 @@ def figures(run: Run) -> dict[str, Any]:
         "steady_rate": round(rate, 1),
         "ideal_rate": round(ideal, 1),
         "rate_vs_ideal": round(rate / ideal, 3),
+        "after_first_rate": round(after_first, 1) if after_first else None,
+        "after_first_vs_ideal": round(after_first / ideal, 3) if after_first else None,
         "overall_rate": round(last.done / last.t, 1),
         "held_median": held,
         "held_max": max(x.held for x in s),
@@ -352,6 +387,10 @@ def figures(run: Run) -> dict[str, Any]:
         "sockets_max": max(x.sockets for x in s),
         "worst_headroom": round(min(headrooms), 4) if headrooms else None,
         "renew_calls": len(renews),
+        "liveness_calls": len(alone),
+        "renew_calls_per_s": round((len(renews) + len(alone)) / span, 3),
+        "renew_redis_ms_per_s": round((sum(renews) + sum(alone)) / 1000 / span, 3),
+        "liveness_call_us_median": statistics.median(alone) if alone else None,
         "renew_tick_ms_median": round(statistics.median(ticks) / 1000, 2) if ticks else None,
         "renew_tick_ms_max": round(max(ticks) / 1000, 2) if ticks else None,
         "renew_call_ms_max": round(max(renews) / 1000, 2) if renews else None,
@@ -379,11 +418,14 @@ COLUMNS = [
     ("steady_rate", "req/s"),
     ("ideal_rate", "ideal"),
     ("rate_vs_ideal", "of ideal"),
+    ("after_first_rate", "req/s after 1st"),
+    ("after_first_vs_ideal", "of ideal"),
+    ("cpu_ms_per_req", "CPU ms/req"),
+    ("gateway_connections", "connections"),
     ("held_median", "held"),
     ("idle_rss_mb", "idle RSS MB"),
     ("peak_rss_mb", "peak RSS MB"),
     ("rss_kb_per_held", "KB/held"),
-    ("cpu_ms_per_req", "CPU ms/req"),
     ("redis_cpu_ms_per_req", "Redis ms/req"),
     ("scripts_per_req", "scripts/req"),
     ("fds_max", "fds"),
@@ -391,6 +433,8 @@ COLUMNS = [
     ("worst_headroom", "min headroom"),
     ("renew_tick_ms_median", "tick ms (med)"),
     ("renew_tick_ms_max", "tick ms (max)"),
+    ("renew_calls_per_s", "renews/s"),
+    ("renew_redis_ms_per_s", "renew Redis ms/s"),
 ]
 
 

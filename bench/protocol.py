@@ -13,8 +13,11 @@ times and reported as medians (the machine is shared: say so when quoting them).
 - ``ceiling``: the same Redis driven by a pure loop of the claim and ack scripts (no HTTP,
   no consumer): 4 concurrent loops, batch 10; claims+acks per second and Redis CPU.
 - ``backlog``: claim rate (peek + claim script, batch 10, no ack) with 1k vs 1M pending.
-- ``heartbeat``: 10k claims held by one owner; one renew tick: script calls, Redis time
-  (``usec`` of commandstats and the slowest SLOWLOG entry), wall time.
+- ``heartbeat``: 10k claims held by one owner (registry on); one renew tick: script calls,
+  Redis time (``usec`` of commandstats and the slowest SLOWLOG entry), wall time, client
+  CPU; one liveness-only call (``renew_liveness``) likewise; and from those, the heartbeat's
+  cost per minute at the default lease and liveness TTL, before and after the two cadences
+  (docs/performance.md, "Heartbeat").
 - ``scale``: 1, 2 and 4 consumer processes (``bench/peers_runner.py``) on the http workload.
 - ``recovery``: SIGKILL a consumer holding claims; time until the first of its requests
   is finished by a second consumer (lease 2 s, reclaim interval 0.5 s).
@@ -364,11 +367,16 @@ def bench_backlog(runs: int, claims: int = 2000, batch: int = 10) -> dict[str, A
 # -- heartbeat ----------------------------------------------------------------------------------
 
 
+LIVENESS_CALLS = 50  # liveness-only calls timed per run
+
+
 async def _hold_and_renew(url: str, held: int, ticks: int) -> dict[str, Any]:
+    from claimkit.protocol.consumers import ConsumerIdentity
     from claimkit.protocol.models import Envelope, parse_member
 
     async with open_store(url) as store:
-        ops = QueueOps(store, Q)
+        # As ``serve`` calls it: with the consumer registry on (the default 10 s TTL).
+        ops = QueueOps(store, Q, consumer=ConsumerIdentity("bench", 10.0, "host", 1, "0"))
         claims: list[tuple[str, str, int]] = []
         while len(claims) < held:
             members = await ops.peek(min(500, held - len(claims)))
@@ -392,17 +400,75 @@ async def _hold_and_renew(url: str, held: int, ticks: int) -> dict[str, Any]:
             return await orig_many(script, batch)
 
         store.run, store.run_many = run, run_many  # type: ignore[method-assign]
-        walls = []
+        walls, cpus = [], []
         await store.command("CONFIG", "RESETSTAT")
         await store.command("SLOWLOG", "RESET")
         for _ in range(ticks):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             _now, codes = await ops.renew(claims, 300)
+            cpus.append((time.process_time() - c0) * 1000)
             walls.append((time.perf_counter() - t0) * 1000)
             assert codes.count(1) == held, "every claim renewed"
         stats = await store.command("INFO", "commandstats")
         slow = await store.command("SLOWLOG", "GET", 128)
-        return {"calls": calls, "trips": trips, "walls_ms": walls, "stats": stats, "slow": slow}
+        tick_calls, tick_trips = calls, trips
+        # The liveness tick between two claims ticks: the entry alone (renew_liveness).
+        await store.command("CONFIG", "RESETSTAT")
+        live_walls, live_cpus = [], []
+        for _ in range(LIVENESS_CALLS):
+            t0, c0 = time.perf_counter(), time.process_time()
+            assert await ops.renew_liveness() is not None
+            live_cpus.append((time.process_time() - c0) * 1000)
+            live_walls.append((time.perf_counter() - t0) * 1000)
+        live_stats = await store.command("INFO", "commandstats")
+        return {
+            "calls": tick_calls,
+            "trips": tick_trips,
+            "walls_ms": walls,
+            "cpus_ms": cpus,
+            "stats": stats,
+            "slow": slow,
+            "live_walls_ms": live_walls,
+            "live_cpus_ms": live_cpus,
+            "live_stats": live_stats,
+        }
+
+
+def _evalsha_usec(stats: bytes | str) -> float:
+    text = stats.decode() if isinstance(stats, bytes) else stats
+    line = next(x for x in text.splitlines() if x.startswith("cmdstat_evalsha"))
+    fields = dict(kv.split("=") for kv in line.split(":", 1)[1].split(","))
+    return float(fields["usec"])
+
+
+def heartbeat_per_minute(
+    out: dict[str, Any], lease: float = 300.0, liveness_ttl: float = 10.0
+) -> dict[str, Any]:
+    """What the heartbeat costs per minute at ``lease`` / ``liveness_ttl``, from the measured
+    cost of one claims tick and one liveness-only call: before (every tick renews every claim,
+    each ``min(clamp(lease/3, 1, 30), ttl/3)``) and now (claims each ``clamp(lease/3, 1, 30)``,
+    the liveness alone at the other ticks, each ``ttl/3``)."""
+    claims_every = min(30.0, max(1.0, lease / 3))
+    live_every = liveness_ttl / 3
+    before_ticks = 60 / min(claims_every, live_every)
+    claims_ticks = 60 / claims_every
+    live_ticks = max(0.0, 60 / live_every - claims_ticks) if live_every < claims_every else 0.0
+    figures = {}
+    for key, per_tick, per_live in (
+        ("redis_ms", out["redis_usec_per_tick"] / 1000, out["liveness_redis_usec"] / 1000),
+        ("client_cpu_ms", out["client_cpu_ms_per_tick"], out["liveness_client_cpu_ms"]),
+        ("script_calls", out["calls_per_tick"], 1.0),
+    ):
+        figures[f"before_{key}"] = round(before_ticks * per_tick, 3)
+        figures[f"now_{key}"] = round(claims_ticks * per_tick + live_ticks * per_live, 3)
+    figures.update(
+        lease=lease,
+        liveness_ttl=liveness_ttl,
+        before_ticks=before_ticks,
+        now_claims_ticks=claims_ticks,
+        now_liveness_ticks=live_ticks,
+    )
+    return figures
 
 
 def bench_heartbeat(runs: int, held: int = 10_000) -> dict[str, Any]:
@@ -415,9 +481,6 @@ def bench_heartbeat(runs: int, held: int = 10_000) -> dict[str, Any]:
             r = redis.Redis(port=srv.port)
             fill(r, held)
             res = trio.run(_hold_and_renew, srv.url, held, 5)
-            text = res["stats"].decode() if isinstance(res["stats"], bytes) else res["stats"]
-            line = next(x for x in text.splitlines() if x.startswith("cmdstat_evalsha"))
-            fields = dict(kv.split("=") for kv in line.split(":", 1)[1].split(","))
             slowest = max(
                 (int(e[2]) for e in res["slow"] if b"EVALSHA" in [bytes(a) for a in e[3]][:1]),
                 default=0,
@@ -426,19 +489,30 @@ def bench_heartbeat(runs: int, held: int = 10_000) -> dict[str, Any]:
                 {
                     "calls_per_tick": res["calls"] / 5,
                     "round_trips_per_tick": res["trips"] / 5,
-                    "redis_usec_per_tick": float(fields["usec"]) / 5,
+                    "redis_usec_per_tick": _evalsha_usec(res["stats"]) / 5,
                     "slowest_script_usec": slowest,
                     "wall_ms_per_tick": med(res["walls_ms"]),
+                    "client_cpu_ms_per_tick": med(res["cpus_ms"]),
+                    "liveness_redis_usec": _evalsha_usec(res["live_stats"]) / LIVENESS_CALLS,
+                    "liveness_wall_ms": med(res["live_walls_ms"]),
+                    "liveness_client_cpu_ms": med(res["live_cpus_ms"]),
                 }
             )
             r.close()
-    out = {k: med([p[k] for p in per]) for k in per[0]}
-    out.update(held=held, runs=per)
+    out: dict[str, Any] = {k: med([p[k] for p in per]) for k in per[0]}
+    out.update(held=held, runs=per, per_minute_at_defaults=heartbeat_per_minute(out))
+    pm = out["per_minute_at_defaults"]
     print(
         f"  heartbeat, {held:,} claims: {out['round_trips_per_tick']:.0f} round trip(s) and "
         f"{out['calls_per_tick']:.0f} script calls/tick, Redis "
         f"{out['redis_usec_per_tick'] / 1000:.2f} ms/tick, slowest script "
-        f"{out['slowest_script_usec'] / 1000:.2f} ms, wall {out['wall_ms_per_tick']:.1f} ms",
+        f"{out['slowest_script_usec'] / 1000:.2f} ms, wall {out['wall_ms_per_tick']:.1f} ms, "
+        f"client CPU {out['client_cpu_ms_per_tick']:.1f} ms/tick; liveness alone: Redis "
+        f"{out['liveness_redis_usec']:.0f} us, wall {out['liveness_wall_ms']:.2f} ms, client "
+        f"CPU {out['liveness_client_cpu_ms']:.2f} ms; per minute at the defaults, before -> "
+        f"now: Redis {pm['before_redis_ms']:.0f} -> {pm['now_redis_ms']:.0f} ms, client CPU "
+        f"{pm['before_client_cpu_ms']:.0f} -> {pm['now_client_cpu_ms']:.0f} ms, script calls "
+        f"{pm['before_script_calls']:.0f} -> {pm['now_script_calls']:.0f}",
         file=sys.stderr,
     )
     return out

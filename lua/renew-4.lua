@@ -7,8 +7,9 @@
   with one ZADD per step of 1000 claims. A call costs about 2-3.5 us of Redis time per claim,
   so the caller sends at most 1000 claims per call (RENEW_CHUNK), several calls pipelined in
   one round trip per tick (docs/performance.md, "Heartbeat"); the first call of a tick
-  carries the consumer id, the others "". A consumer holding no claims still makes one call
-  per tick, with no claims, for its liveness.
+  carries the consumer id, the others "". The heartbeat's liveness ticks, between two
+  claims renewals, make one call with no claims: the liveness entry alone
+  (QueueOps.renew_liveness).
 
   Input:
     KEYS[1] owners HASH            <q>:claim-owners

@@ -14,7 +14,8 @@ then applies its whole effect without another checkpoint), as a script is.
   after every step, so the fake cannot drift from the scripts unnoticed.
 
 The consumer registry (docs/protocol.md#consumers) is modelled too: ``register``, the
-liveness part of ``renew``, ``forget_self`` and ``expire_owners`` (a whole cycle at once).
+liveness part of ``renew``, ``renew_liveness`` (the liveness alone), ``forget_self`` and
+``expire_owners`` (a whole cycle at once).
 
 What the fake leaves out: key types (no key of another type exists here), the orphan scan
 (every claim here has its lease entry, so ``orphans`` and ``leases_restored`` stay 0) and
@@ -391,6 +392,14 @@ class FakeQueueOps:
                 claim.expiry = max(claim.expiry, lease_bound(now, lease_ttl, deadline))
                 codes.append(RenewCode.RENEWED)
         return now, codes
+
+    async def renew_liveness(self) -> float | None:
+        """``lua/renew-4.lua`` with no claims: the liveness entry alone."""
+        if self.consumer is None:
+            return None
+        now = await self._enter("renew_liveness")
+        self._mark_alive(self.consumer, now, replace_info=False)
+        return now
 
     # -- the consumer registry (lua/register-2.lua, lua/expire-owners-3.lua, ...) ----------
 

@@ -46,15 +46,24 @@ def test_defaults_follow_the_spec() -> None:
     )
 
 
-def test_heartbeat_interval_is_a_third_of_the_lease_clamped() -> None:
-    def interval(lease: float, liveness: float = 0) -> float:
+def test_heartbeat_cadences_a_third_of_the_lease_clamped_and_a_third_of_the_ttl() -> None:
+    def intervals(lease: float, liveness: float = 0) -> tuple[float, float | None]:
         doc = {"queues": [QUEUE], "claim_lease_ttl_seconds": lease}
-        return load({**doc, "consumer_liveness_ttl_seconds": liveness}).heartbeat_interval_seconds
+        c = load({**doc, "consumer_liveness_ttl_seconds": liveness})
+        return c.claim_renew_interval_seconds, c.liveness_renew_interval_seconds
 
-    assert (interval(300), interval(60), interval(1)) == (30, 20, 1)
-    # With the consumer registry on, at most a third of the liveness ttl too.
-    assert (interval(300, 10), interval(300, 120), interval(6, 3)) == (10 / 3, 30, 1)
-    assert load({"queues": [QUEUE]}).heartbeat_interval_seconds == 10 / 3  # the defaults
+    assert (intervals(300), intervals(60), intervals(1)) == ((30, None), (20, None), (1, None))
+    # The claims cadence does not depend on the liveness TTL (SPEC 3.3).
+    assert (intervals(300, 10), intervals(300, 120), intervals(6, 3)) == (
+        (30, 10 / 3),
+        (30, 40),
+        (2, 1),
+    )
+    defaults = load({"queues": [QUEUE]})
+    assert (defaults.claim_renew_interval_seconds, defaults.liveness_renew_interval_seconds) == (
+        30,
+        10 / 3,
+    )
 
 
 def test_the_liveness_ttl_defaults_to_10_s_and_0_turns_the_registry_off() -> None:

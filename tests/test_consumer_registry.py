@@ -258,6 +258,38 @@ async def test_a_consumer_holding_no_claims_still_renews_its_liveness(store: Sto
     assert await QueueOps(store, Q).renew([], 300) == (0.0, [])
 
 
+async def test_renew_liveness_renews_the_entry_alone_in_one_script_call(store: Store) -> None:
+    """The heartbeat's liveness tick: one ``renew`` script call with no claims; the
+    leases are left alone, the entry goes to server time + TTL, lost info is written again
+    with that time as its start."""
+    calls: list[str] = []
+
+    class Counting(StoreWrapper):
+        async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+            calls.append(script.name)
+            return await super().run(script, keys, args)
+
+        async def run_many(self, script: Script, many: Sequence[ScriptCall]) -> list[Any]:
+            calls.extend(script.name for _ in many)
+            return await super().run_many(script, many)
+
+    plain = QueueOps(store, Q)
+    await claim_as(plain, "pod-a", ["r1"], ttl=10)
+    before = await leases(store, plain)
+    ops = QueueOps(Counting(store), Q, consumer=identity("pod-a", ttl=5))
+    now = await ops.renew_liveness()
+    assert now is not None
+    assert calls == ["renew"]
+    assert await leases(store, ops) == before
+    assert await registry(store, ops) == {"pod-a": pytest.approx(now + 5, abs=1e-6)}
+    info = (await infos(store, ops))["pod-a"]
+    assert (info["pid"], info["started"]) == (4242, pytest.approx(now, abs=1e-3))  # JSON
+    # Without a consumer (the registry off) nothing is sent.
+    calls.clear()
+    assert await QueueOps(Counting(store), Q).renew_liveness() is None
+    assert calls == []
+
+
 async def test_renew_brings_a_consumer_marked_dead_back(store: Store) -> None:
     ops = QueueOps(store, Q, consumer=identity("pod-a", ttl=10))
     await store.command("ZADD", ops.keys.consumers, -123.5, "pod-a")

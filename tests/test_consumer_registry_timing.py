@@ -25,7 +25,7 @@ from claimkit.store import StoreUnavailable
 
 Q = "requests"
 FAR = int(START) + 100_000
-TTL = 6.0  # consumer_liveness_ttl_seconds: heartbeats every 2 s
+TTL = 6.0  # consumer_liveness_ttl_seconds: liveness renewed every 2 s
 RECLAIM = 1.0  # claim_reclaim_interval, seconds
 
 
@@ -59,16 +59,11 @@ def dead_consumers_claim(server: FakeServer, rid: str = "orphaned") -> FakeClaim
 async def test_the_heartbeat_registers_then_renews_the_liveness_entry_every_third_of_the_ttl(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Registered at 0, then renewed at 2, 4, 6 s (no claims held: the renew carries the
-    liveness alone), each to server time + TTL; the shutdown removes the entry."""
+    """Registered at 0, then the liveness entry alone renewed at 2, 4, 6 s (no claims
+    held, and the claims tick is 100 s / 3 clamped to 30 s away), each to server time +
+    TTL; the shutdown removes the entry."""
     server = FakeServer()
     config = make_config("pod-a")
-    seen: list[float] = []
-
-    async def watch(call: Call) -> None:
-        seen.append(call.at)
-
-    server.hooks["renew"] = watch
     async with running(server, config, Blocking()) as run:
         await trio.sleep_until(0.5)
         assert server.queue(Q).consumers == {"pod-a": START + TTL}
@@ -77,10 +72,123 @@ async def test_the_heartbeat_registers_then_renews_the_liveness_entry_every_thir
         assert server.queue(Q).consumers == {"pod-a": START + 6 + TTL}
         run.consumer.request_stop()
     assert [c.at for c in server.log("register")] == [0.0]
-    assert seen == [2.0, 4.0, 6.0]
+    assert times(server.log("renew_liveness")) == [2.0, 4.0, 6.0]
+    assert server.log("renew") == []
     assert server.queue(Q).consumers == {}
     assert server.queue(Q).consumer_info == {}
     assert len(server.log("forget_self")) == 1
+
+
+# -- the two heartbeat cadences (docs/protocol.md#heartbeat) ---------------------------------
+
+
+async def test_claims_every_third_of_the_lease_liveness_alone_every_third_of_the_ttl(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Lease 15 s (claims every 5 s from the start), TTL 6 s (liveness every 2 s after the
+    last tick): the liveness entry alone at 2, 4, 7, 9, 12, 14 s; the claims with the
+    liveness in one call at 5, 10, 15 s, and no liveness call of their own around them.
+    Each claims call sets every lease to now + 15 s, each call the entry to now + TTL."""
+    server = FakeServer()
+    submit(server, 2)
+    config = make_config("pod-a", claim_lease_ttl_seconds=15, drain_timeout_seconds=0.25)
+    async with running(server, config, Blocking()) as run:
+        await trio.sleep_until(14.5)
+        q = server.queue(Q)
+        assert q.consumers == {"pod-a": START + 14 + TTL}
+        assert {rid: c.expiry for rid, c in q.claims.items()} == {
+            "r0": START + 10 + 15,
+            "r1": START + 10 + 15,
+        }
+        await trio.sleep_until(15.5)
+        assert q.consumers == {"pod-a": START + 15 + TTL}
+        run.consumer.request_stop()
+    assert times(server.log("renew_liveness")) == [2.0, 4.0, 7.0, 9.0, 12.0, 14.0]
+    assert [(c.at, c.ids) for c in server.log("renew")] == [
+        (5.0, ("r0", "r1")),
+        (10.0, ("r0", "r1")),
+        (15.0, ("r0", "r1")),
+    ]
+
+
+async def test_at_the_defaults_the_claims_tick_is_every_ninth_liveness_tick_in_one_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The default lease (300 s: claims every 30 s) and TTL (10 s: liveness every 10/3 s),
+    two queues: each tick is one call per queue, the liveness alone at k·10/3 s, the
+    claims (with the liveness) at 30 and 60 s, where the two cadences meet."""
+    server = FakeServer()
+    for i in range(2):
+        server.submit(Q, f"a{i}", FAR + i)
+        server.submit("other", f"b{i}", FAR + i)
+    queues = [{"queue_name": n, "igw_base_url": "http://127.0.0.1:9"} for n in (Q, "other")]
+    config = make_config(
+        "pod-a",
+        consumer_liveness_ttl_seconds=10,
+        claim_lease_ttl_seconds=300,
+        drain_timeout_seconds=0.25,
+        queues=queues,
+    )
+    async with running(server, config, Blocking()) as run:
+        await trio.sleep_until(61)
+        run.consumer.request_stop()
+    live = [k * 10 / 3 for k in range(1, 18) if k % 9]
+    for name, prefix in ((Q, "a"), ("other", "b")):
+        mine = [c for c in server.calls if c.queue == name]
+        assert [c.at for c in mine if c.op == "renew_liveness"] == pytest.approx(live, abs=1e-6)
+        renews = [c for c in mine if c.op == "renew"]
+        assert [c.at for c in renews] == pytest.approx([30.0, 60.0], abs=1e-6)
+        assert {c.ids for c in renews} == {(f"{prefix}0", f"{prefix}1")}
+        heartbeat = [c.at for c in mine if c.op in ("renew", "renew_liveness")]
+        assert len(heartbeat) == len(set(heartbeat)) == 18  # one call per queue per tick
+
+
+async def test_a_claim_taken_over_is_found_at_the_next_claims_tick_not_a_liveness_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Lease 15 s, TTL 6 s. Taken over at 5.5 s: the liveness ticks at 7 and 9 s do not
+    look at claims; the 10 s claims tick finds it and cancels its work then (the detection
+    delay is up to one claims interval, 5 s here)."""
+    server = FakeServer()
+    submit(server, 2)
+    handler = Blocking()
+    config = make_config("pod-a", claim_lease_ttl_seconds=15, drain_timeout_seconds=0.25)
+    async with running(server, config, handler) as run:
+        await trio.sleep_until(5.5)
+        server.queue(Q).claims["r0"].token = "someone-else"
+        await trio.sleep_until(12.5)
+        run.consumer.request_stop()
+    assert handler.cancelled == {"r0": 10.0, "r1": 12.75}
+    assert [(c.at, c.ids) for c in server.log("renew")] == [
+        (5.0, ("r0", "r1")),
+        (10.0, ("r0", "r1")),
+    ]
+    assert times(server.log("renew_liveness")) == [2.0, 4.0, 7.0, 9.0, 12.0]
+    assert (run.summary.taken_over, run.summary.released_elsewhere) == (1, 0)
+
+
+async def test_a_failed_claims_renewal_is_made_again_at_the_next_liveness_tick(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Lease 15 s, TTL 6 s; Redis refuses the 5 s claims tick: the next tick, a liveness
+    one at 7 s, renews the claims with the liveness in one call instead; the 9 s tick is
+    the liveness alone again, and the claims schedule holds (10 s)."""
+    server = FakeServer()
+    submit(server, 2)
+
+    async def away(call: Call) -> None:
+        if call.at == 5.0:
+            raise StoreUnavailable("connection refused")
+
+    server.hooks["renew"] = away
+    config = make_config("pod-a", claim_lease_ttl_seconds=15, drain_timeout_seconds=0.25)
+    async with running(server, config, Blocking()) as run:
+        await trio.sleep_until(10.5)
+        leases = {rid: c.expiry for rid, c in server.queue(Q).claims.items()}
+        run.consumer.request_stop()
+    assert times(server.log("renew")) == [5.0, 7.0, 10.0]
+    assert times(server.log("renew_liveness")) == [2.0, 4.0, 9.0]
+    assert leases == dict.fromkeys(("r0", "r1"), START + 10 + 15)
 
 
 async def test_fast_failover_waits_one_ttl_after_the_start(
@@ -118,7 +226,7 @@ async def test_after_a_redis_outage_fast_failover_waits_one_ttl_more(
         if call.at >= 20:
             answered.append(call.at)
 
-    for op in ("peek", "register", "renew", "reclaim", "expire_owners"):
+    for op in ("peek", "register", "renew", "renew_liveness", "reclaim", "expire_owners"):
         server.hooks[op] = away
     config = make_config("pod-a")
     async with running(server, config, Blocking()) as run:
@@ -190,6 +298,7 @@ async def test_with_the_registry_off_nothing_is_registered_or_expired(
     assert server.log("register") == []
     assert server.log("expire_owners") == []
     assert server.log("renew") == []  # no claims held, no liveness to renew
+    assert server.log("renew_liveness") == []
     assert server.queue(Q).consumers == {"dead": START - 100.0}
     assert "orphaned" in server.queue(Q).claims  # waits out its lease (300 s)
 

@@ -552,3 +552,23 @@ async def test_a_pause_is_honoured_at_the_next_poll_and_a_resume_too(
     assert [(r.levelname, r.getMessage()) for r in resumed] == [
         ("INFO", "queue requests is resumed: claiming again")
     ]
+
+
+async def test_a_round_takes_every_free_slot_up_to_500_when_more_than_batch_size_are_free(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``concurrency`` 700, ``batch_size`` 10, 1,000 pending: the first round claims 500
+    (the most one round takes, one claim script call), the next the 200 slots left, in
+    deadline order; once 30 requests finish together, one round refills all 30
+    (docs/protocol.md#peek)."""
+    server = FakeServer()
+    submit(server, 1000)
+    handler = Blocking(finish_at={f"r{i}": 5.0 for i in range(30)})
+    config = make_config(batch_size=10, concurrency=700, drain_timeout_seconds=DRAIN)
+    async with running(server, config, handler) as run:
+        await trio.sleep_until(7)
+        run.consumer.request_stop()
+    claims = [c.ids for c in server.log("claim")]
+    assert [len(ids) for ids in claims] == [500, 200, 30]
+    assert [rid for ids in claims for rid in ids] == [f"r{i}" for i in range(730)]
+    assert list(handler.started) == [f"r{i}" for i in range(730)]

@@ -24,6 +24,7 @@ from claimkit.consumer.http import (
     PoolTimeout,
     ReadTimeout,
     RemoteProtocolError,
+    _keep_for,
 )
 from claimkit.dev.sim import SimApp, SimConfig, serve_sim
 
@@ -461,3 +462,63 @@ async def test_caller_connection_close_and_transfer_encoding(nursery: trio.Nurse
     assert b"Transfer-Encoding: chunked" in head.split(b"\r\n")
     assert b"content-length" not in head.lower()
     assert body == b"2\r\n{}\r\n0\r\n\r\n"
+
+
+def keep_alive_server(hint: bytes) -> Handler:
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            buf = bytearray()
+            while await read_request(stream, buf) is not None:
+                await stream.send_all(ok(b"fine", b"Keep-Alive: " + hint + b"\r\n"))
+
+    return handler
+
+
+async def test_keep_alive_hint_keeps_idle_connections_longer(nursery: trio.Nursery) -> None:
+    """A server that says ``Keep-Alive: timeout=5`` keeps idle connections 5 s: the client
+    keeps them up to 4 s, past its own default (here 0.5 s)."""
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, keep_alive_server(b"timeout=5, max=1000"))
+        async with HttpClient(max_connections=1, keepalive_expiry=0.5) as client:
+            await client.post(url, b"{}", JSON, timeout=5)
+            await trio.sleep(0.7)  # past keepalive_expiry, within the hint
+            await client.post(url, b"{}", JSON, timeout=5)
+            assert client.connections_opened == 1
+
+
+async def test_short_keep_alive_hint_drops_idle_connections_sooner(
+    nursery: trio.Nursery,
+) -> None:
+    """``Keep-Alive: timeout=1``: kept 0.5 s (half the hint), below the 1.5 s default."""
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, keep_alive_server(b"timeout=1"))
+        async with HttpClient(max_connections=1) as client:
+            await client.post(url, b"{}", JSON, timeout=5)
+            await trio.sleep(0.7)
+            await client.post(url, b"{}", JSON, timeout=5)
+            assert client.connections_opened == 2
+
+
+async def test_keep_alive_timeout_zero_is_not_pooled(nursery: trio.Nursery) -> None:
+    with trio.fail_after(TIMEOUT):
+        url = await start_raw(nursery, keep_alive_server(b"timeout=0"))
+        async with HttpClient(max_connections=1) as client:
+            await client.post(url, b"{}", JSON, timeout=5)
+            assert client.idle_count() == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "keep"),
+    [
+        ([], 1.5),
+        ([(b"keep-alive", b"timeout=5")], 4.0),
+        ([(b"keep-alive", b"max=100, Timeout=120")], 60.0),  # capped
+        ([(b"keep-alive", b"timeout=1")], 0.5),
+        ([(b"keep-alive", b"timeout=0")], 0.0),
+        ([(b"keep-alive", b"timeout=soon")], 1.5),
+        ([(b"keep-alive", b"timeout=-3")], 1.5),
+        ([(b"keep-alive", b"max=5")], 1.5),
+    ],
+)
+def test_keep_alive_hint_parsing(headers: list[tuple[bytes, bytes]], keep: float) -> None:
+    assert _keep_for(headers, 1.5) == keep

@@ -5,11 +5,12 @@ scripts, exactly as the consumer calls them) and through :class:`FakeQueueOps` (
 consumer's timing tests run on), with random interleavings of peek, dead-letter, claim
 (fresh and stale candidates), renew (right and wrong tokens), ack, park, the retry mover,
 release (with the expiry read, a stale one, or none), reclaim, cancel, the consumer
-registry (register, a consumer's heartbeat with its liveness, leaving, a liveness entry
-lapsing and the fast failover; claims are taken under tokens of two consumers and bare
-ones) and jumps of the server clock. The two replies must agree, and after every step the
-whole protocol state in Redis must be the fake's (docs/protocol.md#claim-protocol), every
-lease expiry and retry due time to the millisecond: a divergence of the fake fails here.
+registry (register, a consumer's heartbeat with its liveness, its liveness renewed alone,
+leaving, a liveness entry lapsing and the fast failover; claims are taken under tokens of
+two consumers and bare ones) and jumps of the server clock. The two replies must agree, and
+after every step the whole protocol state in Redis must be the fake's
+(docs/protocol.md#claim-protocol), every lease expiry and retry due time to the
+millisecond: a divergence of the fake fails here.
 
 The clock is never slept on. A lease "lapses" by writing a past score into the lease index,
 a parked retry becomes due by writing a past score into the retry set, and a dedup marker
@@ -101,7 +102,7 @@ MOVES |= {"ack_payload": "deleted kept"}  # an ack that ended the request, and a
 # The consumer registry (docs/protocol.md#consumers): a failover that handed claims on, one
 # that found nothing to do and one held back for want of a live consumer; consumers that
 # registered, renewed and left.
-MOVES |= {"expire_owners": "cut none held", "registry": "register renew forget"}
+MOVES |= {"expire_owners": "cut none held", "registry": "register renew live forget"}
 # Consumers of the registry rules, and who each claim's token names ("": a bare token).
 CONSUMERS = ["ca", "cb"]
 # Their liveness ttl (seconds): far beyond any example, so an entry lapses only when the
@@ -232,6 +233,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         real = self.call(functools.partial(getattr(real_ops, name), **kwargs), *args)
         if name == "register":
             self.now = real[0]  # the server time the script read
+        elif name == "renew_liveness":
+            self.now = real
         else:
             self.now = real[0] if name in STAMPED and real[0] else before
         return real, self.call(functools.partial(getattr(fake_ops, name), **kwargs), *args)
@@ -602,6 +605,13 @@ class ProtocolMachine(RuleBasedStateMachine):
                     self.saw("renewal", [lease_kind(now, ttl, deadline, held[rid])])
         assert real == fake
         self.saw("registry", [action])
+
+    @rule(cid=st.sampled_from(CONSUMERS))
+    def consumer_lives(self, cid: str) -> None:
+        """A consumer's heartbeat between two claims renewals: its liveness entry alone."""
+        real, fake = self.both_on(*self.cops[cid], "renew_liveness")
+        assert real == fake
+        self.saw("registry", ["live"])
 
     @rule(data=st.data(), lapse=st.booleans())
     def failover(self, data: st.DataObject, lapse: bool) -> None:

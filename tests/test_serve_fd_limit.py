@@ -5,17 +5,23 @@ in one line when that is still below what ``--concurrency`` needs
 from __future__ import annotations
 
 import json
+import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import trio
 
+from claimkit import Producer, open_store
 from claimkit.config import Config, QueueConfig
 from claimkit.consumer.serve import FD_RESERVE, fds_needed
+from claimkit.dev.resp_client import call
+from claimkit.protocol.keys import DEFAULT_RESULT_LIST
 
 pytestmark = pytest.mark.slow
 
@@ -96,8 +102,9 @@ def test_serve_warns_in_one_line_when_the_hard_limit_is_too_low(
     assert warnings == [
         f"claimkit: warning: the open-file limit is {HARD_LIMIT} (hard limit {HARD_LIMIT}), "
         f"below the {needed} that --concurrency 1000 needs (one gateway connection per "
-        f"request in flight, plus {FD_RESERVE}); past it connects fail as if the gateway "
-        "were unreachable: raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, the "
+        f"request in flight, plus {FD_RESERVE}); past it a request that cannot open a "
+        "connection is handed back and claiming waits (docs/dispatch.md#out-of-open-files): "
+        "raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, the "
         "container's nofile ulimit; docs/performance.md#how-to-size-concurrency) or lower "
         "--concurrency"
     ]
@@ -117,3 +124,84 @@ def test_fds_needed_counts_probe_connections_only_when_a_server_is_on() -> None:
     on = Config(url="redis://x", queues=queues, concurrency=100, http_max_connections=512)
     assert fds_needed(off) == 100 + FD_RESERVE
     assert fds_needed(on) == 100 + 512 + FD_RESERVE
+
+
+def test_out_of_open_files_hands_requests_back_in_one_line_without_the_breaker(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A serve whose open-file limit (64, soft and hard) is below what 150 requests in
+    flight against a gateway answering after 1 s need: the connects past the limit fail
+    with EMFILE. They are handed back (no record, the gateway breaker stays closed, no
+    "unreachable" line), one WARNING names the limit, and every request ends 200 once
+    connections free up (docs/dispatch.md#out-of-open-files)."""
+    n, limit = 150, 64
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sim_log = tmp_path / "sim.log"
+    with sim_log.open("w") as out:
+        sim = subprocess.Popen(
+            [CLAIMKIT, "sim", "--port", str(port), "--latency", "1"], stdout=out, stderr=out
+        )
+    serve: subprocess.Popen[bytes] | None = None
+    try:
+        end = time.monotonic() + 30
+        while "listening" not in sim_log.read_text():
+            assert time.monotonic() < end, sim_log.read_text()
+            assert sim.poll() is None, sim_log.read_text()
+            time.sleep(0.05)
+        trio.run(submit, redis_url, n)
+        config = {"queues": [{"queue_name": "fd", "igw_base_url": f"http://127.0.0.1:{port}"}]}
+
+        def low_limit() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+        log = tmp_path / "serve.log"
+        with log.open("w") as err:
+            serve = subprocess.Popen(
+                [
+                    CLAIMKIT, "serve", "--redis-url", redis_url, "--transport-config",
+                    json.dumps(config), "--concurrency", str(n), "--metrics-port", "0",
+                    "--health-port", "0",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                preexec_fn=low_limit,
+            )  # fmt: skip
+        port_of_redis = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+        end = time.monotonic() + 60
+        while call(port_of_redis, [["LLEN", DEFAULT_RESULT_LIST]], timeout=5)[0] != n:
+            assert time.monotonic() < end, log.read_text()
+            assert serve.poll() is None, log.read_text()
+            time.sleep(0.2)
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) == 0, log.read_text()
+        (records,) = call(port_of_redis, [["LRANGE", DEFAULT_RESULT_LIST, "0", "-1"]], timeout=5)
+    finally:
+        for proc in (serve, sim):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert isinstance(records, list)
+    statuses = sorted(json.loads(r)["status_code"] for r in records)
+    assert statuses == [200] * n
+    text = log.read_text()
+    assert "unreachable" not in text
+    (line,) = [m for m in text.splitlines() if "too many open files" in m]
+    assert line.split(" ", 3)[2] == "WARNING", line
+    assert re.fullmatch(
+        rf"claimkit: queue fd: cannot open a connection: too many open files "
+        rf"\(limit {limit}\); \d+ requests? handed back \(nothing was sent\) and claiming "
+        r"waits 1 s; raise the open-file limit \(ulimit -n, systemd LimitNOFILE=\) or "
+        r"lower --concurrency \(docs/performance.md#how-to-size-concurrency\)",
+        line.split(" ", 3)[3],
+    ), line
+
+
+async def submit(redis_url: str, n: int) -> None:
+    deadline = int(time.time()) + 600
+    async with open_store(redis_url) as store:
+        await Producer(store, "fd").submit_many(
+            {"id": f"req-{i:04d}", "deadline": deadline, "payload": {"prompt": "x"}}
+            for i in range(n)
+        )

@@ -118,14 +118,20 @@ class Config:
         return Topology(self.mode, self.addrs, self.master_name)
 
     @property
-    def heartbeat_interval_seconds(self) -> float:
-        """``clamp(claim_lease_ttl / 3, 1 s, 30 s)``, and at most
-        ``consumer_liveness_ttl_seconds / 3`` while the registry is on
-        (docs/protocol.md#heartbeat)."""
-        interval = min(30.0, max(1.0, self.claim_lease_ttl_seconds / 3))
-        if self.consumer_liveness_ttl_seconds > 0:
-            interval = min(interval, self.consumer_liveness_ttl_seconds / 3)
-        return interval
+    def claim_renew_interval_seconds(self) -> float:
+        """How often the heartbeat renews the held claims, seconds:
+        ``clamp(claim_lease_ttl / 3, 1 s, 30 s)`` (docs/protocol.md#heartbeat)."""
+        return min(30.0, max(1.0, self.claim_lease_ttl_seconds / 3))
+
+    @property
+    def liveness_renew_interval_seconds(self) -> float | None:
+        """How often the heartbeat renews this consumer's liveness entry, seconds:
+        ``consumer_liveness_ttl_seconds / 3``, or ``None`` while the registry is off. A
+        claims renewal renews the entry too, so in effect it is renewed every
+        ``min(this, claim_renew_interval_seconds)`` (docs/protocol.md#heartbeat)."""
+        if self.consumer_liveness_ttl_seconds <= 0:
+            return None
+        return self.consumer_liveness_ttl_seconds / 3
 
     def consumer_identity(self) -> ConsumerIdentity | None:
         """This consumer as its registry entry names it (docs/protocol.md#consumers), or

@@ -13,6 +13,14 @@ opening, then doubling to every 5 s. The first probe that connects, or any attem
 reached the gateway meanwhile (any HTTP status, or a request sent and not answered),
 **closes** it: one INFO line, and claiming resumes.
 
+An attempt that could not open a connection because no file descriptor was left
+(``EMFILE``: this process's open-file limit; ``ENFILE``: the system's) is not the gateway
+failing and does not count towards opening: its claim is handed back, the queue's poller
+waits :data:`OUT_OF_FILES_WAIT_SECONDS` before claiming again (requests in flight finish
+meanwhile and their connections are reused), and one WARNING names the limit and what to
+change, repeated at most every :data:`OUT_OF_FILES_LOG_SECONDS` with the count of requests
+handed back since (docs/dispatch.md#out-of-open-files).
+
 One breaker per queue, even when queues share a gateway: its state, its metric and the
 ``/readyz`` reason are the queue's, as every other figure is, and the cost of not sharing is
 at most :data:`UNSENT_THRESHOLD` more hand-backs per queue, never a record.
@@ -35,6 +43,8 @@ if TYPE_CHECKING:
     from claimkit.consumer.metrics import QueueMetrics
 
 __all__ = [
+    "OUT_OF_FILES_LOG_SECONDS",
+    "OUT_OF_FILES_WAIT_SECONDS",
     "PROBE_FIRST_SECONDS",
     "PROBE_MAX_SECONDS",
     "PROBE_TIMEOUT_SECONDS",
@@ -59,6 +69,13 @@ PROBE_MAX_SECONDS = 5.0
 
 PROBE_TIMEOUT_SECONDS = 5.0
 """How long one probe may take to connect (TCP and TLS), in seconds."""
+
+OUT_OF_FILES_WAIT_SECONDS = 1.0
+"""Seconds a queue's poller waits before claiming again after a connection could not be
+opened for want of a file descriptor."""
+
+OUT_OF_FILES_LOG_SECONDS = 60.0
+"""The out-of-open-files WARNING of a queue is repeated at most this often, in seconds."""
 
 Probe = Callable[[str, float], Awaitable[None]]
 """``(url, timeout seconds) -> None``: connect to ``url``'s host and port or raise
@@ -125,14 +142,22 @@ class GatewayBreaker:
         self._probe = probe or _http.probe
         self._in_a_row = 0
         self._opened_at = 0.0
+        self._hold_until = 0.0  # out of open files: no claim before this (trio clock)
+        self._out_of_files = 0  # hand-backs for want of a file descriptor, since the last line
+        self._out_of_files_logged: float | None = None
         metrics.gateway_breaker_open.set(0)
 
     def note(self, outcome: Outcome) -> None:
         """Count one attempt's ``outcome``: :class:`~claimkit.consumer.dispatch.Unsent`
-        towards opening; one that reached the gateway (:func:`reached_gateway`) resets the
-        count and closes the breaker; anything else (a deadline, a cancel) is neither."""
+        towards opening, unless it was for want of a file descriptor
+        (:meth:`out_of_files`); one that reached the gateway (:func:`reached_gateway`)
+        resets the count and closes the breaker; anything else (a deadline, a cancel) is
+        neither."""
         if isinstance(outcome, Unsent):
-            self.unsent(outcome.reason)
+            if outcome.out_of_files:
+                self.out_of_files(outcome.reason)
+            else:
+                self.unsent(outcome.reason)
         elif reached_gateway(outcome):
             self.answered("a request was answered")
 
@@ -153,6 +178,30 @@ class GatewayBreaker:
             reason,
             self.queue,
         )
+
+    def out_of_files(self, reason: str) -> None:
+        """A connection could not be opened for want of a file descriptor (``reason`` says
+        which limit): not counted towards opening; claiming waits
+        :data:`OUT_OF_FILES_WAIT_SECONDS`, and the WARNING goes out at most every
+        :data:`OUT_OF_FILES_LOG_SECONDS`."""
+        now = trio.current_time()
+        self._hold_until = now + OUT_OF_FILES_WAIT_SECONDS
+        self._out_of_files += 1
+        last = self._out_of_files_logged
+        if last is not None and now - last < OUT_OF_FILES_LOG_SECONDS:
+            return
+        log.warning(
+            "claimkit: queue %s: %s; %d %s handed back (nothing was sent) and claiming waits "
+            "%g s; raise the open-file limit (ulimit -n, systemd LimitNOFILE=) or lower "
+            "--concurrency (docs/performance.md#how-to-size-concurrency)",
+            self.queue,
+            reason,
+            self._out_of_files,
+            "request" if self._out_of_files == 1 else "requests",
+            OUT_OF_FILES_WAIT_SECONDS,
+        )
+        self._out_of_files_logged = now
+        self._out_of_files = 0
 
     def answered(self, how: str = "a probe connected") -> None:
         """The gateway was reached: reset the count and close the breaker if it is open."""
@@ -176,9 +225,14 @@ class GatewayBreaker:
         that connected or by an attempt that reached the gateway meanwhile. Returns at once
         when it is closed.
 
+        First, while claiming waits after running out of file descriptors
+        (:meth:`out_of_files`), it sleeps until that wait is over.
+
         Cancellation: at any point; a probe's half-open connection is closed and the
         breaker stays as it was.
         """
+        if self._hold_until > trio.current_time():
+            await trio.sleep_until(self._hold_until)
         wait = PROBE_FIRST_SECONDS
         while self.is_open:
             await trio.sleep(wait)

@@ -10,7 +10,8 @@ docs/protocol.md#tasks-and-shutdown):
   one script call (docs/protocol.md#ack, docs/protocol.md#park-for-retry;
   :mod:`claimkit.consumer.settle`);
 - the **heartbeat**: renews every held claim each ``clamp(ttl/3, 1, 30)`` seconds and
-  cancels the work of any claim found taken over or released elsewhere
+  cancels the work of any claim found taken over or released elsewhere, and the consumer's
+  liveness entry alone each ``consumer_liveness_ttl_seconds / 3`` between those
   (docs/protocol.md#heartbeat); the **reclaimer** (docs/protocol.md#reclaim), the **retry
   mover** (docs/protocol.md#retry-mover) and the queue stats sampler
   (:mod:`claimkit.consumer.upkeep`).

@@ -40,10 +40,12 @@ The rules, all from docs/dispatch.md:
 from __future__ import annotations
 
 import email.utils
+import errno
 import logging
 import os
 import random
 import re
+import resource
 from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, TypeAlias
@@ -86,6 +88,8 @@ _INFERENCE_ERROR_PREFIX = "Failed to send request to inference: "
 _TIMEOUTS = (_http.ConnectTimeout, _http.PoolTimeout, _http.WriteTimeout, _http.ReadTimeout)
 # Failures before any byte of the request was written: the gateway was not reached.
 _UNSENT = (_http.ConnectError, _http.ConnectTimeout)
+# No file descriptor left to open a socket with: this process's limit, or the system's.
+_OUT_OF_FILES = frozenset({errno.EMFILE, errno.ENFILE})
 _RETRY_AFTER_SECONDS = re.compile(r"\d+(?:\.\d+)?")
 _default_rng = random.Random()
 _log = logging.getLogger("claimkit.dispatch")
@@ -150,9 +154,14 @@ class Unsent:
         reason: why the connection failed, e.g. ``all attempts to connect to
             127.0.0.1:8000 failed (Connection refused)``; names the host and port, never
             the URL's user info.
+        out_of_files: the connection could not be opened because this process (``EMFILE``)
+            or the system (``ENFILE``) has no file descriptor left: a local limit, not the
+            gateway failing, so it does not count towards the breaker; the breaker says
+            it in its own line instead (docs/dispatch.md#out-of-open-files).
     """
 
     reason: str
+    out_of_files: bool = False
 
 
 Outcome: TypeAlias = Done | Retry | Unsent
@@ -286,6 +295,32 @@ def _os_reason(exc: BaseException) -> str | None:
     return found
 
 
+def _errnos(exc: BaseException) -> set[int]:
+    """The errnos of every OS error behind ``exc`` (causes, contexts, exception groups)."""
+    seen: set[int] = set()
+    found: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno:
+            found.add(cur.errno)
+        if isinstance(cur, BaseExceptionGroup):
+            stack.extend(cur.exceptions)
+        stack.extend(nxt for nxt in (cur.__cause__, cur.__context__) if nxt is not None)
+    return found
+
+
+def _out_of_files_reason(errnos: set[int]) -> str:
+    if errno.EMFILE in errnos:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+        return f"cannot open a connection: too many open files (limit {limit})"
+    return "cannot open a connection: too many open files in the system"
+
+
 def _describe(exc: Exception) -> str:
     """A short, never empty, human reason for a failed send (the ``<reason>`` of an
     ``INFERENCE_ERROR`` record, docs/protocol.md#terminal-record). Timeouts already say which
@@ -322,6 +357,9 @@ def _no_response(
             env, f"no response within {_format_seconds(timeout)}", unanswered=True
         )
     if isinstance(error, _UNSENT):
+        out_of_files = _errnos(error) & _OUT_OF_FILES
+        if out_of_files:
+            return Unsent(_out_of_files_reason(out_of_files), out_of_files=True)
         return Unsent(_describe(error))
     return _inference_error(env, _describe(error), unanswered=isinstance(error, _http.NoResponse))
 
@@ -442,7 +480,9 @@ def open_http_client(concurrency: int) -> _http.HttpClient:
     connection, and idle ones are kept for reuse for
     :data:`claimkit.consumer.http.KEEPALIVE_EXPIRY_SECONDS` (1.5 s, below common gateway
     keep-alive timeouts: a request written on a connection the server is closing is never
-    re-sent, so that race must stay rare). :func:`dispatch` sets the timeout of every attempt.
+    re-sent, so that race must stay rare), or 1 s less than a gateway's own ``Keep-Alive:
+    timeout=N`` says (at most :data:`claimkit.consumer.http.KEEPALIVE_MAX_SECONDS`).
+    :func:`dispatch` sets the timeout of every attempt.
     Use it as ``async with open_http_client(n) as client:`` so its connections are closed.
     See ``docs/performance.md`` for why not httpx (about 10x the CPU per request).
 

@@ -19,8 +19,13 @@ Behaviour:
 
 - **Pool.** At most ``max_connections`` connections are open at once across all origins; a
   request waits for one to free up (``PoolTimeout`` if its deadline passes first). Idle
-  connections are kept for ``keepalive_expiry`` seconds (default
-  :data:`KEEPALIVE_EXPIRY_SECONDS`) and reused most recent first.
+  connections are reused most recent first, and kept for as long as the server says it
+  keeps them minus a margin: a response's ``Keep-Alive: timeout=N`` header (Node and
+  Apache send one; see :func:`_keep_for`) keeps the connection up to ``N`` − 1 s (at most
+  :data:`KEEPALIVE_MAX_SECONDS`); without one, ``keepalive_expiry`` seconds (default
+  :data:`KEEPALIVE_EXPIRY_SECONDS`). So a connection is dropped before the server drops it,
+  and a gateway that keeps connections longer than the default is not reconnected to
+  after every pause in the traffic (a burst of completions waiting to be refilled).
 - **Server closed an idle connection.** Before reuse, an idle connection that has become
   readable (the server sent EOF or stray bytes) is thrown away unused, and the request
   goes on the next idle connection or a fresh one: nothing of it was written yet.
@@ -77,6 +82,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KEEPALIVE_EXPIRY_SECONDS",
+    "KEEPALIVE_MAX_SECONDS",
     "BodyError",
     "ConnectError",
     "ConnectTimeout",
@@ -101,7 +107,16 @@ server does and a request rarely goes out on one the server is closing (which, s
 written request is never re-sent, would end it as :class:`NoResponse`). Gunicorn closes
 idle connections after 2 s by default, uvicorn run by gunicorn's ``UvicornWorker`` too
 (LiteLLM's proxy can run so); uvicorn and hypercorn alone after 5 s, Node after 5 s,
-nginx after 75 s. Reopening a connection costs one handshake; an inference costs far more."""
+nginx after 75 s. Reopening a connection costs one handshake; an inference costs far more.
+Used when the server gives no ``Keep-Alive: timeout=N`` hint (see :data:`KEEPALIVE_MAX_SECONDS`)."""
+
+KEEPALIVE_MAX_SECONDS = 60.0
+"""The longest an idle connection is kept, in seconds, whatever the server's
+``Keep-Alive: timeout=N`` hint says: the hint is the server's own idle timeout, so up to
+``N`` − 1 s (``N`` / 2 when ``N`` < 2) is safe, but a middlebox may drop a quiet
+connection sooner."""
+
+_KEEPALIVE_MARGIN_SECONDS = 1.0
 
 
 class HttpError(Exception):
@@ -236,14 +251,14 @@ def _split(url: str) -> tuple[_Origin, bytes]:
 
 
 class _Conn:
-    """One HTTP/1.1 connection: a trio stream, and when it went idle."""
+    """One HTTP/1.1 connection: a trio stream, and when it expires while idle."""
 
-    __slots__ = ("idle_since", "origin", "stream", "uses")
+    __slots__ = ("expires_at", "origin", "stream", "uses")
 
     def __init__(self, origin: _Origin, stream: trio.abc.Stream) -> None:
         self.origin = origin
         self.stream = stream
-        self.idle_since = 0.0
+        self.expires_at = 0.0  # while idle: when it is dropped instead of reused (trio clock)
         self.uses = 0  # completed exchanges
 
     def readable(self) -> bool:
@@ -270,8 +285,9 @@ class HttpClient:
 
     Args:
         max_connections: connections open at once, across origins (>= 1).
-        keepalive_expiry: seconds an idle connection is kept for reuse (keep it below the
-            server's keep-alive timeout; see :data:`KEEPALIVE_EXPIRY_SECONDS`).
+        keepalive_expiry: seconds an idle connection is kept for reuse when the server's
+            response gives no ``Keep-Alive: timeout=N`` hint (keep it below the server's
+            keep-alive timeout; see :data:`KEEPALIVE_EXPIRY_SECONDS`).
         user_agent: the ``User-Agent`` header sent with every request.
 
     Use it as ``async with HttpClient(...) as client:``; :meth:`aclose` is idempotent.
@@ -318,7 +334,8 @@ class HttpClient:
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:
-                await conn.aclose()
+                if not self._close_soon(conn):  # 10,000 idle sockets close in one pass
+                    await conn.aclose()
 
     def idle_count(self) -> int:
         return sum(len(c) for c in self._idle.values())
@@ -357,10 +374,13 @@ class HttpClient:
         origin, target = _split(url)
         deadline = trio.current_time() + max(timeout, 0.0)
         request = self._request(origin, target, body, headers)
-        with trio.move_on_at(deadline) as pool_wait:
-            await self._slots.acquire()
-        if pool_wait.cancelled_caught:
-            raise PoolTimeout(f"no free connection within {_seconds(timeout)}")
+        try:
+            self._slots.acquire_nowait()  # the usual case: no cancel scope, no deadline entry
+        except trio.WouldBlock:
+            with trio.move_on_at(deadline) as pool_wait:
+                await self._slots.acquire()
+            if pool_wait.cancelled_caught:
+                raise PoolTimeout(f"no free connection within {_seconds(timeout)}") from None
         try:
             # An idle connection the server closed is dropped here, before a byte is
             # written on it; after that nothing is ever sent twice.
@@ -399,19 +419,21 @@ class HttpClient:
         conns = self._idle.get(origin)
         if not conns:
             return None
-        too_old = trio.current_time() - self.keepalive_expiry
+        now = trio.current_time()
         while conns:
             conn = conns.pop()  # most recently used first: the one least likely timed out
-            if conn.idle_since < too_old or conn.readable():
+            if conn.expires_at <= now or conn.readable():
                 self._close_soon(conn)
                 continue
-            # Connections under it on the stack are older still: drop the expired ones.
-            while conns and conns[0].idle_since < too_old:
+            # Connections under it on the stack are older (one server: the same hint), so
+            # expired ones gather at the bottom: drop them.
+            while conns and conns[0].expires_at <= now:
                 self._close_soon(conns.popleft())
             return conn
         return None
 
-    def _close_soon(self, conn: _Conn) -> None:
+    def _close_soon(self, conn: _Conn) -> bool:
+        """Close an idle connection's socket now; False if its stream has none."""
         # A plain TCP socket closes synchronously; TLS would want a close_notify, but a
         # forceful close of an idle connection is what every pool does.
         stream = conn.stream
@@ -421,12 +443,17 @@ class HttpClient:
             stream.transport_stream, trio.SocketStream
         ):
             stream.transport_stream.socket.close()
+        else:
+            return False
+        return True
 
-    def _put_back(self, conn: _Conn) -> None:
-        if self._state is _State.CLOSED:
+    def _put_back(self, conn: _Conn, headers: Sequence[tuple[bytes, bytes]]) -> None:
+        """Pool ``conn`` after a complete exchange whose response had ``headers``."""
+        keep = _keep_for(headers, self.keepalive_expiry)
+        if self._state is _State.CLOSED or keep <= 0:
             self._close_soon(conn)
             return
-        conn.idle_since = trio.current_time()
+        conn.expires_at = trio.current_time() + keep
         self._idle.setdefault(conn.origin, deque()).append(conn)
 
     async def _connect(self, origin: _Origin, deadline: float, timeout: float) -> _Conn:
@@ -485,7 +512,7 @@ class HttpClient:
             raise ReadTimeout(f"no response within {_seconds(timeout)}")
         finally:
             if keep:
-                self._put_back(conn)
+                self._put_back(conn, parser.headers)
             else:
                 await conn.aclose()
 
@@ -509,6 +536,29 @@ class HttpClient:
                 return
             if parser.feed(data if type(data) is bytes else bytes(data)):
                 return
+
+
+def _keep_for(headers: Sequence[tuple[bytes, bytes]], default: float) -> float:
+    """Seconds to keep a connection idle after a response with ``headers``: with a
+    ``Keep-Alive: timeout=N`` hint (RFC 2068 19.7.1.1; Node, Apache), ``N`` − 1 s, or ``N`` / 2
+    when ``N`` < 2, capped at :data:`KEEPALIVE_MAX_SECONDS`; ``0`` (do not keep) for
+    ``timeout=0``; ``default`` when there is no usable hint."""
+    for name, value in headers:
+        if name != b"keep-alive":
+            continue
+        for param in value.split(b","):
+            key, _, number = param.partition(b"=")
+            if key.strip().lower() != b"timeout":
+                continue
+            try:
+                hint = float(number.strip().strip(b'"'))
+            except ValueError:
+                return default
+            if not math.isfinite(hint) or hint < 0:
+                return default
+            keep = hint - _KEEPALIVE_MARGIN_SECONDS if hint >= 2 else hint / 2
+            return min(keep, KEEPALIVE_MAX_SECONDS)
+    return default
 
 
 async def _open_stream(origin: _Origin) -> trio.abc.Stream:

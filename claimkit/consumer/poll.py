@@ -29,7 +29,7 @@ from claimkit.protocol.models import (
     parse_member,
     payload_problem,
 )
-from claimkit.protocol.ops import ClaimCode, new_token
+from claimkit.protocol.ops import CHUNK, ClaimCode, new_token
 from claimkit.protocol.routing import reserved_destination
 from claimkit.store import StoreError, StoreUnavailable
 
@@ -41,9 +41,14 @@ if TYPE_CHECKING:
     from claimkit.consumer.runtime import QueueRuntime, RedisHealth, ServerClock
     from claimkit.consumer.settle import Settler
 
-__all__ = ["Handler", "Poller"]
+__all__ = ["ROUND_MAX", "Handler", "Poller"]
 
 log = logging.getLogger("claimkit")
+
+ROUND_MAX = CHUNK
+"""The most requests one poll round peeks and claims when more than ``batch_size`` worker
+slots are free: one claim script call (the claim script takes at most
+:data:`claimkit.protocol.ops.CHUNK` per call)."""
 
 Handler = Callable[["QueueRuntime", Envelope, float], Awaitable[Outcome]]
 """``(queue, envelope, server_now) -> Outcome``: what to do with one claimed request.
@@ -115,11 +120,17 @@ class Poller:
         finally:
             self.workers_done.set()
 
-    async def _reserve(self, wanted: int) -> list[object]:
-        """Wait for one free worker slot, then take up to ``wanted`` without waiting."""
+    async def _reserve(self, batch_size: int) -> list[object]:
+        """Wait for one free worker slot, then take more without waiting: up to
+        ``batch_size``, or, when more slots are free, this queue's share of them (free
+        slots / queues) up to :data:`ROUND_MAX` (docs/protocol.md#peek). At thousands in
+        flight, completions free hundreds of slots between two rounds; taking only
+        ``batch_size`` per round would need a round per ``batch_size`` of them."""
         first = object()
         await self._slots.acquire_on_behalf_of(first)
         slots = [first]
+        share = (int(self._slots.available_tokens) + 1) // len(self._queues)
+        wanted = max(batch_size, min(share, ROUND_MAX))
         while len(slots) < wanted:
             extra = object()
             try:

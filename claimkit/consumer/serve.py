@@ -246,7 +246,8 @@ def raise_open_file_limit(config: Config) -> tuple[int, int]:
         log.warning(
             "claimkit: warning: the open-file limit is %d (hard limit %s), below the %d that "
             "--concurrency %d needs (one gateway connection per request in flight, plus %d); "
-            "past it connects fail as if the gateway were unreachable: raise the hard limit "
+            "past it a request that cannot open a connection is handed back and claiming "
+            "waits (docs/dispatch.md#out-of-open-files): raise the hard limit "
             "(ulimit -Hn, systemd LimitNOFILE=, the container's nofile ulimit; "
             "docs/performance.md#how-to-size-concurrency) or lower --concurrency",
             after,

@@ -6,6 +6,7 @@ is tried again on its next tick (Redis going away never ends one)."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING
 
 import trio
@@ -26,6 +27,7 @@ __all__ = [
     "QUEUE_STATS_INTERVAL_SECONDS",
     "RETRY_LOOK_MAX_SECONDS",
     "RETRY_LOOK_MIN_SECONDS",
+    "SAME_TICK_SECONDS",
     "Upkeep",
 ]
 
@@ -34,6 +36,12 @@ log = logging.getLogger("claimkit")
 QUEUE_STATS_INTERVAL_SECONDS = 5.0
 """How often each queue's figures are read from Redis (``lua/queue-stats-7.lua``, one round
 trip per queue) for the ``backlog`` gauge and the queue-wide gauges, seconds."""
+
+
+SAME_TICK_SECONDS = 0.001
+"""A claims renewal due within this of a liveness renewal is made in its place, seconds: the
+two cadences meet (30 s is nine liveness ticks of 10 s / 3 at the defaults) without two
+round trips a float rounding apart (docs/protocol.md#heartbeat)."""
 
 
 RETRY_LOOK_MAX_SECONDS = 1.0
@@ -92,28 +100,61 @@ class Upkeep:
     # -- heartbeat (docs/protocol.md#heartbeat) ----------------------------------------------
 
     async def heartbeat(self) -> None:
-        """Register this consumer on every queue (docs/protocol.md#consumers), then each
-        ``heartbeat_interval_seconds`` renew every held claim of every queue together with
-        the consumer's liveness entry, until :meth:`retire` (then forget the entry) or
-        cancellation. A queue whose registration failed is registered again next tick."""
-        interval = self._config.heartbeat_interval_seconds
+        """Register this consumer on every queue (docs/protocol.md#consumers), then renew on
+        two cadences until :meth:`retire` (then forget the entry) or cancellation
+        (docs/protocol.md#heartbeat):
+
+        - every ``claim_renew_interval_seconds`` (``clamp(lease / 3, 1 s, 30 s)``, counted
+          from the start), a **claims tick**: each queue's held claims and the consumer's
+          liveness entry in one round trip (:meth:`renew`);
+        - every ``liveness_renew_interval_seconds`` (the liveness TTL / 3) after the last
+          tick, a **liveness tick**: only the liveness entry, one small call per queue
+          (:meth:`renew_liveness`). A claims tick due within :data:`SAME_TICK_SECONDS`
+          of it is made in its place, so one tick is one round trip per queue.
+
+        A queue whose claims renewal failed has its claims renewed at the next tick of
+        either kind; a queue whose registration failed is registered again next tick. A
+        tick that ends after the next claims tick was due pushes the claims schedule back:
+        the next one is a whole interval after that tick ended."""
+        claims_every = self._config.claim_renew_interval_seconds
+        live_every = self._config.liveness_renew_interval_seconds
         self.heartbeat_running = True
         try:
             unregistered = list(self._queues)
+            owed: set[str] = set()  # queues whose claims renewal failed
+            now = trio.current_time()
+            next_claims = now + claims_every
             while True:
                 unregistered = [q for q in unregistered if not await self._register(q)]
-                with trio.move_on_after(interval):
+                next_live = math.inf if live_every is None else now + live_every
+                with trio.move_on_at(min(next_claims, next_live)):
                     await self._retire.wait()
                 if self._retire.is_set():
                     await self._forget_all()
                     return
+                now = trio.current_time()
+                claims_due = next_claims - now <= SAME_TICK_SECONDS
                 for q in self._queues:
+                    with_claims = claims_due or q.name in owed
                     try:
-                        await self.renew(q)
+                        if with_claims:
+                            await self.renew(q)
+                        else:
+                            await self.renew_liveness(q)
                     except (StoreUnavailable, StoreError) as exc:
+                        if with_claims:
+                            owed.add(q.name)
                         await self._health.failed(
                             f"heartbeat {q.name} (claims are renewed once it answers)", exc
                         )
+                    else:
+                        if with_claims:
+                            owed.discard(q.name)
+                if claims_due:
+                    next_claims += claims_every
+                    ended = trio.current_time()
+                    if next_claims <= ended:
+                        next_claims = ended + claims_every
         finally:
             self.heartbeat_running = False
             self.retired.set()
@@ -182,6 +223,15 @@ class Upkeep:
                 released.append(claim)
         q.claims.drop_lost(taken, released)
         q.claims.show_depth()
+
+    async def renew_liveness(self, q: QueueRuntime) -> None:
+        """Renew only this consumer's liveness entry on ``q`` (one small call,
+        :meth:`QueueOps.renew_liveness`); nothing while the registry is off."""
+        server_now = await q.ops.renew_liveness()
+        if server_now is None:
+            return
+        self._health.answered()
+        self._clock.observe(server_now)
 
     # -- reclaim (docs/protocol.md#reclaim) --------------------------------------------------
 

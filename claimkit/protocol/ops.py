@@ -503,6 +503,21 @@ class QueueOps:
             codes += [RenewCode(_int(v)) for v in reply[1:]]
         return now, codes
 
+    async def renew_liveness(self) -> float | None:
+        """Renew only :attr:`consumer`'s liveness entry (server_now + its liveness TTL,
+        its info written again if missing): one ``lua/renew-4.lua`` call with no claims,
+        the call :meth:`renew` makes when it has no claims, on the queue's own slot
+        (docs/protocol.md#heartbeat). The heartbeat makes it on the ticks where no claims
+        renewal is due. Returns the server time (Unix seconds), or ``None`` without a
+        consumer (nothing sent)."""
+        if self.consumer is None:
+            return None
+        k = self.keys
+        keys = [k.owners, k.index, k.consumers, k.consumer_info]
+        args: list[Arg] = [repr(float(self.lease_ttl)), *self.consumer.args()]
+        reply = await self.store.run(script("renew"), keys, args)
+        return float(reply[0])
+
     # -- the consumer registry (docs/protocol.md#consumers) ------------------------------------
 
     async def register(self) -> tuple[float, dict[str, Any] | None] | None:
@@ -907,7 +922,8 @@ class QueueProtocol(Protocol):
     (the retry set :meth:`move_retries` drains: queues with the same one need one mover),
     ``result_list_for``, ``peek``, ``peek_unless_paused`` (the poller's: the peek and the
     pause key in one round trip), ``dead_letter``, ``claim``, ``fetch_payloads``,
-    ``renew`` (the claims and the consumer's liveness entry), ``register``,
+    ``renew`` (the claims and the consumer's liveness entry), ``renew_liveness`` (the
+    liveness entry alone), ``register``,
     ``forget_self`` and ``expire_owners`` (the consumer registry,
     docs/protocol.md#consumers), ``ack``, ``park``, ``release``, ``reclaim``,
     ``move_retries``, ``next_retry_due`` (the mover's read-only look first), ``backlog``,
@@ -946,6 +962,8 @@ class QueueProtocol(Protocol):
     async def renew(
         self, claims: Sequence[tuple[str, str, int]], lease_ttl: float
     ) -> tuple[float, list[RenewCode]]: ...
+
+    async def renew_liveness(self) -> float | None: ...
 
     async def register(self) -> tuple[float, dict[str, Any] | None] | None: ...
 
