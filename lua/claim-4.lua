@@ -18,7 +18,7 @@
     ARGV[1] lease ttl, seconds (float)
     ARGV[2] cancel key prefix      "request-cancel:", or "" to read no cancel key (Redis
             Cluster: the marker lives in the request's own slot; the caller reads it after
-            the claim with lua/cancelled-1.lua,
+            the claim, MGET per slot,
             docs/topology.md#retries-cancellation-and-the-producer)
     then five per candidate, repeated:
       member       exact member bytes

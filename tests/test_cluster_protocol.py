@@ -150,8 +150,10 @@ async def test_every_operation_keeps_each_script_call_in_one_slot(
         assert rec.scripts() == ["dead-letter-outbox", "push-result"]
 
         rec.runs.clear()
+        rec.commands.clear()
         env, token = await claimed(ops, store, "c", now + 600)
-        assert rec.scripts() == ["claim", "cancelled"]
+        assert rec.scripts() == ["claim"]
+        assert rec.commands[-1:] == ["MGET"]  # the cancel marker, read after the claim
         assert (await ops.claim([(env, token)], 60))[1] == [ClaimCode.NOT_PENDING]
         await store.command("SET", "request-cancel:c", TOKEN)
 
@@ -167,7 +169,6 @@ async def test_every_operation_keeps_each_script_call_in_one_slot(
             "renew",
             "release",
             "claim",
-            "cancelled",
             "park",
             "move-retries-queue",
         ]
@@ -187,7 +188,7 @@ async def test_every_operation_keeps_each_script_call_in_one_slot(
         await store.command("ZADD", ops.keys.index, "XX", 1, "d")
         counts = await ops.reclaim(max_deliveries=1)
         assert (counts.dead, counts.replayed) == (1, 1)
-        assert rec.scripts() == ["claim", "cancelled", "reclaim-cluster", "push-result"]
+        assert rec.scripts() == ["claim", "reclaim-cluster", "push-result"]
 
         rec.runs.clear()
         await store.command("SET", "elsewhere", "a string")
@@ -199,9 +200,38 @@ async def test_every_operation_keeps_each_script_call_in_one_slot(
 
         for name, keys in rec.runs:
             assert len({key_slot(k) for k in keys}) == 1, (name, keys)
-            if name != "cancelled" and name != "push-result":
+            if name != "push-result":
                 assert key_slot(keys[0]) == key_slot(queue), name
         del token2, env2
+
+
+async def test_the_cancel_markers_are_read_after_the_claim_across_slots(store: Store) -> None:
+    """Four requests in four slots claimed in one call: their cancel markers are read with
+    one MGET per slot in one pipeline, no script. Only a string holding the request's own
+    generation cancels it: an older generation's token or a key of another type does not."""
+    with trio.fail_after(30):
+        rec = Recording(store)
+        queue = "{q}:requests"
+        ops = QueueOps(rec, queue, dedup_ttl=DEDUP)
+        now = int(await server_now(store))
+        ids = ["m1", "m2", "m3", "m4"]
+        assert len({key_slot(f"request-cancel:{i}") for i in ids}) == 4
+        await store.command("SET", "request-cancel:m1", TOKEN)  # this generation: cancelled
+        await store.command("SET", "request-cancel:m2", "cd" * 16)  # an older one: not
+        await store.command("HSET", "request-cancel:m3", TOKEN, TOKEN)  # not a string: not
+        raws = [member(i, now + 600 + n, request_token=TOKEN) for n, i in enumerate(ids)]
+        for n, raw in enumerate(raws):
+            await store.command("ZADD", queue, now + 600 + n, raw)
+        rec.commands.clear()
+        _, codes = await ops.claim([(envelope(raw), new_token()) for raw in raws], 60)
+        assert codes == [
+            ClaimCode.CANCELLED,
+            ClaimCode.CLAIMED,
+            ClaimCode.CLAIMED,
+            ClaimCode.CLAIMED,
+        ]
+        assert rec.scripts() == ["claim"]
+        assert rec.commands == ["MGET"] * 4
 
 
 # -- ack: the one-script path and the outbox ---------------------------------------------------

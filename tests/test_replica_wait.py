@@ -40,12 +40,11 @@ SET_INCR = _script(
 READ = _script("read-two", "return {redis.call('GET', KEYS[1]), KEYS[2]}", writes=False)
 
 
-def test_inspect_and_the_cancel_read_are_the_read_only_scripts() -> None:
-    # Those flagged no-writes (lua/inspect-6.lua, lua/cancelled-1.lua,
+def test_the_read_only_scripts() -> None:
+    # Those flagged no-writes (lua/inspect-6.lua,
     # lua/result-inspect-3.lua, lua/queue-stats-7.lua, lua/consumers-3.lua): no WAIT after
     # them.
     assert sorted(s.name for s in all_scripts().values() if not s.writes) == [
-        "cancelled",
         "consumers",
         "inspect",
         "queue-stats",

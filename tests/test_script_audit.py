@@ -435,13 +435,6 @@ CASES: dict[str, Case] = {
         [["HSET", OUTBOX, "a\x00ta", "old", "b\x00tb", "old"]],
         declared(OUTBOX),
     ),
-    "cancelled": Case(
-        "cancelled",
-        ["request-cancel:a"],
-        ["ga"],
-        [["SET", "request-cancel:a", "ga"]],
-        {"request-cancel:a": ("string", "any")},
-    ),
     "dead-letter-outbox": Case(
         "dead-letter-outbox",
         [CK.pending, CK.dead, OUTBOX],

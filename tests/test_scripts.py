@@ -59,7 +59,6 @@ CLUSTER_SCRIPTS = {
     # The scripts QueueOps calls on a Redis Cluster instead (docs/topology.md)
     "ack-local": 9,
     "ack-outbox": 6,
-    "cancelled": 1,
     "dead-letter-outbox": 3,
     "move-retries-queue": 3,
     "outbox-aim": 1,
@@ -72,7 +71,7 @@ PRODUCER_SCRIPTS = {
     "enqueue": 2,
 }
 ALL_CALLED = PROTOCOL_SCRIPTS | CLUSTER_SCRIPTS | PRODUCER_SCRIPTS
-READ_ONLY_SCRIPTS = {"inspect", "cancelled", "result-inspect", "consumers", "queue-stats"}
+READ_ONLY_SCRIPTS = {"inspect", "result-inspect", "consumers", "queue-stats"}
 
 Q = "{tenant-a}:requests"
 RETRY = "retry-sortedset"

@@ -52,7 +52,7 @@ from claimkit.store.scripts import script
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-    from claimkit.store import Arg, ScriptCall, Store
+    from claimkit.store import Arg, Store
 
 __all__ = [
     "CHUNK",
@@ -355,7 +355,7 @@ class QueueOps:
 
         On a cluster the script reads no cancel marker (it lives in the request's own
         slot): the markers of the claimed candidates that have a ``request_token`` are read
-        after it, one pipelined ``lua/cancelled-1.lua`` call each, and a match turns
+        after it (``MGET`` per slot in one pipeline, no script), and a match turns
         ``CLAIMED`` into ``CANCELLED`` (docs/topology.md#retries-cancellation-and-the-producer).
         If that read fails the claims stand (held in Redis, unknown to the caller) and
         lapse like claims whose reply was lost.
@@ -378,6 +378,11 @@ class QueueOps:
     async def _cancelled_after_claim(
         self, chunk: Sequence[tuple[Envelope, str]], codes: list[ClaimCode]
     ) -> list[ClaimCode]:
+        """Cluster: read the cancel markers of the claimed candidates that carry a
+        ``request_token`` (``MGET`` per slot, one pipeline: reads only, no script) and turn
+        ``CLAIMED`` into ``CANCELLED`` where a marker holds that token. A marker of another
+        type than a string reads as missing (``MGET`` gives nil): not cancelled, as the
+        standalone claim script's guarded read says."""
         asked = [
             i
             for i, ((env, _token), code) in enumerate(zip(chunk, codes, strict=True))
@@ -385,13 +390,11 @@ class QueueOps:
         ]
         if not asked:
             return codes
-        calls: list[ScriptCall] = [
-            ([_keys.request_cancel(chunk[i][0].id)], [chunk[i][0].request_token]) for i in asked
-        ]
-        replies = await self.store.run_many(script("cancelled"), calls)
+        markers = await self._mget([_keys.request_cancel(chunk[i][0].id) for i in asked])
         out = list(codes)
-        for i, reply in zip(asked, replies, strict=True):
-            if _int(reply) == 1:
+        for i, marker in zip(asked, markers, strict=True):
+            token = chunk[i][0].request_token
+            if marker is not None and token and marker == token.encode():
                 out[i] = ClaimCode.CANCELLED
         return out
 
@@ -411,16 +414,21 @@ class QueueOps:
         """
         if not refs:
             return []
+        return await self._mget(refs)
+
+    async def _mget(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The string values of ``keys`` in order (``None``: missing or another type): one
+        ``MGET`` standalone; on a cluster one ``MGET`` per slot, sent as one pipeline."""
         if not self.cluster:
-            return list(await self.store.command("MGET", *refs))
+            return list(await self.store.command("MGET", *keys))
         by_slot: dict[int, list[int]] = {}
-        for i, ref in enumerate(refs):
-            by_slot.setdefault(_keys.key_slot(ref), []).append(i)
+        for i, key in enumerate(keys):
+            by_slot.setdefault(_keys.key_slot(key), []).append(i)
         groups = list(by_slot.values())
         replies = await self.store.pipeline(
-            [["MGET", *(refs[i] for i in group)] for group in groups], transaction=False
+            [["MGET", *(keys[i] for i in group)] for group in groups], transaction=False
         )
-        out: list[bytes | None] = [None] * len(refs)
+        out: list[bytes | None] = [None] * len(keys)
         for group, reply in zip(groups, replies, strict=True):
             for i, value in zip(group, reply, strict=True):
                 out[i] = value

@@ -59,7 +59,7 @@ class Script:
             includes resolved.
         sha1: the hex SHA1 Redis knows the script by.
         writes: whether the script may write: every script but those flagged
-            ``-- @flags no-writes`` (``inspect``, ``cancelled``), the one copy of that fact,
+            ``-- @flags no-writes`` (``inspect`` and the other readers), the one copy of that fact,
             which Redis also enforces. With ``wait_replicas`` set, a call of a writing script
             is followed by ``WAIT`` (docs/topology.md#failover).
     """
