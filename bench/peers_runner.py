@@ -20,7 +20,9 @@ Knobs (the harness passes fixed arguments, so these are environment variables):
 - ``CLAIMKIT_BATCH``: ``batch_size`` (default 10);
 - ``CLAIMKIT_POLL_MS``: ``poll_interval_ms`` (default 50: an empty queue is polled 20x/s);
 - ``CLAIMKIT_PEERS_RUNNERS``: where ``common.py`` is (default
-  ``../shared/peers/runners``).
+  ``../shared/peers/runners``);
+- ``CLAIMKIT_PROFILE``: ``cprofile`` or ``pyinstrument`` profiles the work window and writes
+  it to ``CLAIMKIT_PROFILE_OUT`` before the runner leaves (``bench/profile_peers.py``).
 
 ``--concurrency`` is claimkit's ``concurrency`` (requests in flight in this process, each on
 its own gateway connection); ``work`` raises the soft open-file limit as ``claimkit serve``
@@ -124,8 +126,44 @@ async def work(args) -> None:  # type: ignore[no-untyped-def]
             count_calls(store, calls)
         consumer = Consumer(config, store, handler=handler, on_settled=settled)
         wall_start = time.time()
+        profile(meter)
         meter.start()
         await consumer.run()
+
+
+def profile(meter) -> None:  # type: ignore[no-untyped-def]
+    """Profile from now until the runner leaves, when ``CLAIMKIT_PROFILE`` asks for it."""
+    kind = os.environ.get("CLAIMKIT_PROFILE", "none")
+    out = os.environ.get("CLAIMKIT_PROFILE_OUT", "/tmp/claimkit-peers.prof")
+    report = meter.report
+    if kind == "cprofile":
+        import cProfile
+
+        prof = cProfile.Profile()
+
+        def stop() -> None:
+            prof.disable()
+            prof.dump_stats(out)
+
+        prof.enable()
+    elif kind == "pyinstrument":
+        import pyinstrument
+
+        prof = pyinstrument.Profiler(async_mode="disabled")
+
+        def stop() -> None:
+            prof.stop()
+            Path(out).write_text(prof.output_text(unicode=False, show_all=False))
+
+        prof.start()
+    else:
+        return
+
+    def report_after(**extra):  # type: ignore[no-untyped-def]
+        stop()
+        report(**extra)
+
+    meter.report = report_after
 
 
 def count_calls(store, calls: list[int]) -> None:  # type: ignore[no-untyped-def]

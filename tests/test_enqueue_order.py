@@ -144,6 +144,36 @@ async def test_a_consumer_dispatches_in_submission_order(redis_url: str, store: 
         assert seen == IDS
 
 
+async def test_workers_keep_dispatch_order_and_are_reused(redis_url: str, store: Store) -> None:
+    """With fewer worker slots than requests, each poll batch still enters the handler in
+    submission order, and the requests run on at most ``concurrency`` worker tasks, which
+    take one request after another."""
+    seen: list[str] = []
+    tasks: set[int] = set()
+
+    async def handler(q: QueueRuntime, env: Envelope, now: float) -> Outcome:
+        seen.append(env.id)
+        tasks.add(id(trio.lowlevel.current_task()))
+        await trio.sleep(0.01)
+        return Done(TerminalRecord.http(env.id, 200, "{}"))
+
+    with trio.fail_after(20):
+        d = await future(store)
+        await submit_one_by_one(store, d)
+        config = make_config(redis_url, queue=Q, concurrency=3, batch_size=3)
+        consumer = Consumer(config, store, handler=handler)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer.run)
+
+            async def done() -> bool:
+                return bool(await store.command("LLEN", "result-list") == len(IDS))
+
+            await wait_for(done, "ten records")
+            consumer.request_stop()
+        assert seen == IDS
+        assert 1 <= len(tasks) <= 3
+
+
 # -- the order survives a release, a redelivery and a retry ---------------------------------------
 
 

@@ -12,7 +12,7 @@ queue-wide gauges read from Redis (:class:`~claimkit.protocol.stats.QueueGauges`
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING
 
@@ -62,13 +62,20 @@ class QueueMetrics:
     paused: Gauge
     terminal_records: Counter  # the parent: labelled per record by count_terminal
     queue_name: str
+    # count_terminal's children by (error_code, status_code): one labels() lookup each
+    _terminal_children: dict[tuple[str | None, int | None], Counter] = field(default_factory=dict)
 
     def count_terminal(self, error_code: str | None, status_code: int | None) -> None:
         """Count one terminal record written (``async_terminal_records_total``): its
         ``error_code`` (``""`` for an HTTP response's record) and ``status_code``
         (``""`` when it has none)."""
-        status = "" if status_code is None else str(status_code)
-        self.terminal_records.labels(self.queue_name, error_code or "", status).inc()
+        key = (error_code, status_code)
+        child = self._terminal_children.get(key)
+        if child is None:
+            status = "" if status_code is None else str(status_code)
+            child = self.terminal_records.labels(self.queue_name, error_code or "", status)
+            self._terminal_children[key] = child
+        child.inc()
 
 
 class Metrics:

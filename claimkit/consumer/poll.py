@@ -1,13 +1,14 @@
 """The pollers and their workers (docs/protocol.md#peek, docs/protocol.md#claim).
 
 A poller per queue: peek -> validate (dead-letter what is malformed) -> gate -> claim; each
-claimed request starts a worker task (at most ``concurrency`` at once), whose outcome goes to
-the acker (:mod:`claimkit.consumer.settle`).
+claimed request goes to a worker task (at most ``concurrency`` at once), whose outcome goes
+to the acker (:mod:`claimkit.consumer.settle`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -94,7 +95,7 @@ class Poller:
         )
         self._poll_scope = trio.CancelScope()
         self._work_scope = trio.CancelScope()
-        self._workers: trio.Nursery | None = None
+        self._crew = _Crew(self._work)
         self.workers_done = trio.Event()
         """Set once every poller and worker has ended."""
 
@@ -111,13 +112,20 @@ class Poller:
         try:
             with self._work_scope:
                 async with trio.open_nursery() as workers:
-                    self._workers = workers
-                    with self._poll_scope:
-                        async with trio.open_nursery() as pollers:
-                            for q in self._queues:
-                                pollers.start_soon(self._poll, q)
-                            task_status.started()
+                    self._crew.nursery = workers
+                    try:
+                        with self._poll_scope:
+                            async with trio.open_nursery() as pollers:
+                                for q in self._queues:
+                                    pollers.start_soon(self._poll, q)
+                                task_status.started()
+                    finally:
+                        self._crew.close()  # no more claims: idle workers end
         finally:
+            for _q, _claim, slot in self._crew.drop_unstarted():
+                # Cancelled before a worker took it: the claim stays held, and the
+                # shutdown sweep returns it.
+                self._slots.release_on_behalf_of(slot)
             self.workers_done.set()
 
     async def _reserve(self, batch_size: int) -> list[object]:
@@ -180,7 +188,7 @@ class Poller:
         batch, codes = await self._claim(q, candidates, slots)
         claimed = len(batch)
         batch, failure = await self._fetch_payloads(q, batch, slots)
-        await self._start_workers(q, batch)
+        self._crew.hand(q, batch)
         if failure is not None:
             raise failure  # the poller's own handling: note it (or stop), then wait
         if len(members) < len(slots) + claimed:
@@ -314,19 +322,6 @@ class Poller:
         q.claims.swept(claims, codes)
         log.warning("payloads %s: %s; %d claims handed back to pending", q.name, why, len(claims))
 
-    async def _start_workers(self, q: QueueRuntime, batch: list[tuple[Claim, object]]) -> None:
-        # One worker at a time, each entering its dispatch before the next is started, so a
-        # poll batch is dispatched in deadline order (docs/protocol.md#peek). With start_soon
-        # trio runs tasks started together in either order: half the batches went out reversed.
-        assert self._workers is not None
-        for i, (claim, slot) in enumerate(batch):
-            try:
-                await self._workers.start(self._work, q, claim, slot)
-            except BaseException:
-                for _later, unused in batch[i + 1 :]:
-                    self._slots.release_on_behalf_of(unused)
-                raise  # the claims not started stay held: the shutdown sweep returns them
-
     def _misrouted(self, q: QueueRuntime, parsed: Envelope | Invalid) -> Envelope | Invalid:
         """Keep records off keys claimkit uses for other things (``internal.result_queue_name``
         may name any key, docs/protocol.md#terminal-record; pushing a record onto an empty
@@ -343,18 +338,9 @@ class Poller:
 
     # -- workers -----------------------------------------------------------------------------
 
-    async def _work(
-        self,
-        q: QueueRuntime,
-        claim: Claim,
-        slot: object,
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
+    async def _work(self, q: QueueRuntime, claim: Claim, slot: object) -> None:
         try:
-            # No checkpoint between here and the handler's first one: the poller resumes,
-            # and starts the next worker of the batch, only once this one is dispatching.
-            task_status.started()
+            # No checkpoint between here and the handler's first one (see _Crew).
             outcome = await self._outcome(q, claim)
             if outcome is None or not claim.ours:
                 # taken over or released elsewhere: a result would be a duplicate
@@ -427,3 +413,62 @@ class Poller:
                 outcome.record.error_message,
             )
         return job
+
+
+_Entry = tuple["QueueRuntime", "Claim", object]  # a claimed request, with its worker slot
+
+
+class _Crew:
+    """Worker tasks that outlive a request: each takes the oldest claimed request handed
+    over (:meth:`hand`), works it, and takes the next, or waits idle for one. There are at
+    most ``concurrency`` (each entry holds a worker slot), started as needed.
+
+    Dispatch order: a poll batch is dispatched in deadline order (docs/protocol.md#peek).
+    A worker takes an entry and enters its handler with no checkpoint in between, so the
+    handlers are entered in the order the entries were handed over, whichever worker trio
+    runs first (trio runs tasks woken together in either order). This costs one wake-up per
+    request, where a task per request, started one at a time so that each entered its
+    dispatch before the next was started, cost a spawn, a nursery and a round trip of the
+    poller through the scheduler.
+    """
+
+    def __init__(self, work: Callable[[QueueRuntime, Claim, object], Awaitable[None]]) -> None:
+        self._work = work
+        self.nursery: trio.Nursery | None = None
+        self._entries: deque[_Entry] = deque()
+        self._idle = trio.lowlevel.ParkingLot()
+        self._woken = 0  # workers woken or started that have not yet looked for an entry
+        self._closed = False
+
+    def hand(self, q: QueueRuntime, batch: Sequence[tuple[Claim, object]]) -> None:
+        """Queue ``batch`` (claims with their slots, in dispatch order) and wake or start a
+        worker for each entry no woken worker will take."""
+        assert self.nursery is not None and not self._closed
+        self._entries.extend((q, claim, slot) for claim, slot in batch)
+        short = len(self._entries) - self._woken
+        if short <= 0:
+            return
+        self._woken += short
+        for _ in range(short - len(self._idle.unpark(count=short))):
+            self.nursery.start_soon(self._worker)
+
+    def close(self) -> None:
+        """No more entries: each worker ends once none is left."""
+        self._closed = True
+        self._idle.unpark_all()
+
+    def drop_unstarted(self) -> list[_Entry]:
+        """The entries no worker took (the workers were cancelled); empties the queue."""
+        left = list(self._entries)
+        self._entries.clear()
+        return left
+
+    async def _worker(self) -> None:
+        entries = self._entries
+        while True:
+            self._woken -= 1
+            while entries:
+                await self._work(*entries.popleft())
+            if self._closed:
+                return
+            await self._idle.park()

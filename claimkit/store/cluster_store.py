@@ -178,6 +178,10 @@ class ClusterStore(CoredisStore):
     async def _acl_log(self) -> Any:
         return await self._client.execute_command(self._request(("ACL", "LOG", 32)))
 
+    async def _execute(self, args: Sequence[Arg]) -> Any:
+        """One command, routed by coredis (a redirection followed, the layout refreshed)."""
+        return await self._client.execute_command(self._request(args))
+
     async def command(self, *args: Arg) -> Any:
         self._check_ready()
         return await super().command(*args)

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import coredis
 import coredis.exceptions as cx
+from coredis.commands.constants import CommandFlag
 from coredis.commands.request import CommandRequest
+from coredis.globals import COMMAND_FLAGS
 from coredis.response._callbacks import NoopCallback
 from coredis.retry import NoRetryPolicy
 
@@ -31,6 +33,16 @@ if TYPE_CHECKING:
     from claimkit.store.scripts import Script
 
 _NOOP = NoopCallback()  # type: ignore[var-annotated]
+# Commands that block (BRPOP, ...): coredis keeps their connection to them, and drops it
+# when one is cancelled.
+_BLOCKING = frozenset(
+    bytes(name) for name, flags in COMMAND_FLAGS.items() if CommandFlag.BLOCKING in flags
+)
+
+
+def _verb(name: Arg) -> bytes:
+    """A command's name as coredis takes it."""
+    return str(name).upper().encode()
 
 
 def _message(exc: BaseException) -> str:
@@ -134,8 +146,7 @@ class CoredisStore:
         return _translated(self.url, cluster=self._cluster)
 
     def _request(self, args: Sequence[Arg]) -> CommandRequest[Any]:
-        name = str(args[0]).upper().encode()
-        return CommandRequest(name, *args[1:], callback=_NOOP, execution_parameters={})
+        return CommandRequest(_verb(args[0]), *args[1:], callback=_NOOP, execution_parameters={})
 
     async def _acl_log(self) -> Any:
         return await self._client.execute_command(self._request(("ACL", "LOG", ACL_LOG_ENTRIES)))
@@ -150,10 +161,28 @@ class CoredisStore:
             str(exc), commands, user=self._user, acl_log=self._acl_log, script_name=script
         )
 
+    async def _execute(self, args: Sequence[Arg]) -> Any:
+        """One command on a connection of the pool's, which other calls share while it
+        waits for its reply (as coredis's ``execute_command`` does), without coredis's
+        per-call wrappers (retry policy, telemetry span, client-side cache, callbacks): a
+        store call runs on every poll and ack. The reply within the ``stream_timeout``,
+        else ``TimeoutError``; an error reply is raised. A blocking command goes through
+        ``execute_command``, which keeps the connection to it."""
+        verb = _verb(args[0])
+        if verb in _BLOCKING:
+            return await self._client.execute_command(self._request(args))
+        pool = self._client.connection_pool
+        connection = await pool.get_connection()
+        try:
+            request = connection.create_request(verb, *args[1:])
+        finally:
+            pool.release(connection)
+        return await request
+
     async def command(self, *args: Arg) -> Any:
         try:
             with self._translated():
-                return await self._client.execute_command(self._request(args))
+                return await self._execute(args)
         except StoreError as exc:
             raise await self._explain(exc, [args]) from exc
 
@@ -251,11 +280,9 @@ class CoredisStore:
         try:
             with self._translated():
                 try:
-                    return await self._client.execute_command(self._request(call))
+                    return await self._execute(call)
                 except cx.NoScriptError:
-                    return await self._client.execute_command(
-                        self._request(("EVAL", script.source, len(keys), *keys, *args))
-                    )
+                    return await self._execute(("EVAL", script.source, len(keys), *keys, *args))
         except StoreError as exc:
             raise await self._explain(exc, [call], script.name) from exc
 
@@ -280,12 +307,24 @@ class CoredisStore:
         would copy every argument of the refused command into the message: payloads and
         tokens in the logs.) A broken connection or a refused handshake (wrong password)
         raises."""
-        async with self._client.pipeline(transaction=False, raise_on_error=False) as pipe:
-            pending = [
-                pipe.create_request(str(c[0]).upper().encode(), *c[1:], callback=_NOOP)
-                for c in commands
-            ]
-        return await _replies(pending)
+        if not commands:
+            return []
+        pool = self._client.connection_pool
+        # As coredis's pipeline does, without its per-command wrappers: the connection is
+        # this call's until the replies are in, all of which must come within the
+        # ``stream_timeout``; a cancelled call drops the connection.
+        connection = await pool.get_connection()
+        try:
+            batch = connection.create_request_batch(
+                [CommandRequest(_verb(c[0]), *c[1:], execution_parameters={}) for c in commands]
+            )
+            replies = list(await batch)
+        finally:
+            pool.release(connection)
+        for reply in replies:
+            if isinstance(reply, BaseException) and not isinstance(reply, cx.ResponseError):
+                raise reply  # a timeout or a lost connection: the call failed
+        return replies
 
 
 async def _replies(pending: Sequence[Awaitable[Any]]) -> list[Any]:
