@@ -97,7 +97,7 @@ _CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
 }
 _CLUSTER_SCRIPTS: dict[str, tuple[str, ...]] = {
     "consumer": tuple(
-        "claim cancelled renew ack-local ack-outbox push-result outbox-aim park release "
+        "claim renew ack-local ack-outbox push-result outbox-aim park release "
         "reclaim-cluster move-retries-queue dead-letter-outbox register expire-owners "
         "forget-consumers queue-stats".split()
     ),
