@@ -122,6 +122,18 @@ async def test_one_batch_is_ordered_as_given(store: Store) -> None:
         assert [s for _, s in await zrange(store, Q)] == [d + k * STEP for k in range(1, 11)]
 
 
+async def run_until_all_recorded(consumer: Consumer, store: Store) -> None:
+    """Run ``consumer`` until the result list holds a record for each of IDS, then stop it."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(consumer.run)
+
+        async def done() -> bool:
+            return bool(await store.command("LLEN", "result-list") == len(IDS))
+
+        await wait_for(done, "ten records")
+        consumer.request_stop()
+
+
 async def test_a_consumer_dispatches_in_submission_order(redis_url: str, store: Store) -> None:
     seen: list[str] = []
 
@@ -132,15 +144,9 @@ async def test_a_consumer_dispatches_in_submission_order(redis_url: str, store: 
     with trio.fail_after(20):
         d = await future(store)
         await submit_one_by_one(store, d)
-        consumer = Consumer(make_config(redis_url, queue=Q), store, handler=handler)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(consumer.run)
-
-            async def done() -> bool:
-                return bool(await store.command("LLEN", "result-list") == len(IDS))
-
-            await wait_for(done, "ten records")
-            consumer.request_stop()
+        await run_until_all_recorded(
+            Consumer(make_config(redis_url, queue=Q), store, handler=handler), store
+        )
         assert seen == IDS
 
 
@@ -161,15 +167,7 @@ async def test_workers_keep_dispatch_order_and_are_reused(redis_url: str, store:
         d = await future(store)
         await submit_one_by_one(store, d)
         config = make_config(redis_url, queue=Q, concurrency=3, batch_size=3)
-        consumer = Consumer(config, store, handler=handler)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(consumer.run)
-
-            async def done() -> bool:
-                return bool(await store.command("LLEN", "result-list") == len(IDS))
-
-            await wait_for(done, "ten records")
-            consumer.request_stop()
+        await run_until_all_recorded(Consumer(config, store, handler=handler), store)
         assert seen == IDS
         assert 1 <= len(tasks) <= 3
 
