@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,27 @@ def _message(exc: BaseException) -> str:
     return _with_cluster_code(exc, text)
 
 
+def _out_of_files(exc: BaseException) -> str | None:
+    """What to add to a connection error whose cause is this process (``EMFILE``) or the
+    system (``ENFILE``) having no file descriptor left: a local limit, not Redis going
+    away (docs/dispatch.md#out-of-open-files); ``None`` for any other cause."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno == errno.EMFILE:
+            return "too many open files: this process's open-file limit, not Redis"
+        if isinstance(cur, OSError) and cur.errno == errno.ENFILE:
+            return "too many open files in the system: the system's limit, not Redis"
+        if isinstance(cur, BaseExceptionGroup):
+            stack.extend(cur.exceptions)
+        stack.extend(nxt for nxt in (cur.__cause__, cur.__context__) if nxt is not None)
+    return None
+
+
 def _translate(exc: BaseException, url: str = "", *, cluster: bool = False) -> BaseException:
     """A coredis error as :class:`StoreUnavailable` or :class:`StoreError`; others as is.
 
@@ -79,7 +101,9 @@ def _translate(exc: BaseException, url: str = "", *, cluster: bool = False) -> B
         problem = tls_problem(exc)
         if problem is not None:
             return StoreTlsError(problem)
-        return StoreUnavailable(str(exc) or type(exc).__name__)
+        text = str(exc) or type(exc).__name__
+        local = _out_of_files(exc)
+        return StoreUnavailable(text if local is None else f"{text} ({local})")
     if isinstance(exc, cx.RedisError):
         if "LOADING" in str(exc) or "MASTERDOWN" in str(exc):
             return StoreUnavailable(str(exc))
