@@ -66,6 +66,10 @@ class HeldGateway:
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
+            # A consumer opens its connections together (a poll round wakes a worker per
+            # request): socketserver's listen backlog of 5 would drop SYNs and delay some
+            # connects by seconds of SYN retries. Gateways listen with 511 (Node) to 2048.
+            request_queue_size = 512
 
             def handle_error(self, request: Any, client_address: Any) -> None:
                 pass  # a consumer SIGKILLed while held: its answer meets a closed socket
