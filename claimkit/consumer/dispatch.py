@@ -52,12 +52,11 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import trio
 
+from claimkit._errors import exception_chain
 from claimkit.consumer import http as _http
 from claimkit.protocol.models import ErrorCode, TerminalRecord, deadline_passed, deadline_record
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from claimkit.protocol.models import Envelope
 
 __all__ = [
@@ -276,26 +275,10 @@ def _format_seconds(seconds: float) -> str:
     return f"{seconds:.3f}".rstrip("0").rstrip(".") + " s"
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and every exception behind it (causes, contexts, members of exception
-    groups), each once, outermost first."""
-    seen: set[int] = set()
-    stack: list[BaseException] = [exc]
-    while stack:
-        cur = stack.pop()
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        yield cur
-        if isinstance(cur, BaseExceptionGroup):
-            stack.extend(reversed(cur.exceptions))
-        stack.extend(nxt for nxt in (cur.__cause__, cur.__context__) if nxt is not None)
-
-
 def _os_reason(exc: BaseException) -> str | None:
     """The ``strerror`` of the innermost OS error behind ``exc`` (e.g. ``Connection refused``)."""
     found: str | None = None
-    for cur in _chain(exc):
+    for cur in exception_chain(exc):
         if isinstance(cur, OSError) and cur.strerror:
             # trio folds the address into strerror; the errno's own text is the short part.
             found = os.strerror(cur.errno) if cur.errno and cur.errno > 0 else cur.strerror
@@ -304,7 +287,7 @@ def _os_reason(exc: BaseException) -> str | None:
 
 def _errnos(exc: BaseException) -> set[int]:
     """The errnos of every OS error behind ``exc`` (causes, contexts, exception groups)."""
-    return {cur.errno for cur in _chain(exc) if isinstance(cur, OSError) and cur.errno}
+    return {cur.errno for cur in exception_chain(exc) if isinstance(cur, OSError) and cur.errno}
 
 
 def _out_of_files_reason(errnos: set[int]) -> str:

@@ -15,6 +15,7 @@ from coredis.globals import COMMAND_FLAGS
 from coredis.response._callbacks import NoopCallback
 from coredis.retry import NoRetryPolicy
 
+from claimkit._errors import exception_chain
 from claimkit.store.acl_refusals import ACL_LOG_ENTRIES, acl_user, is_acl_refusal, permission_error
 from claimkit.store.interface import (
     Arg,
@@ -59,20 +60,11 @@ def _out_of_files(exc: BaseException) -> str | None:
     """What to add to a connection error whose cause is this process (``EMFILE``) or the
     system (``ENFILE``) having no file descriptor left: a local limit, not Redis going
     away (docs/dispatch.md#out-of-open-files); ``None`` for any other cause."""
-    seen: set[int] = set()
-    stack: list[BaseException] = [exc]
-    while stack:
-        cur = stack.pop()
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
+    for cur in exception_chain(exc):
         if isinstance(cur, OSError) and cur.errno == errno.EMFILE:
             return "too many open files: this process's open-file limit, not Redis"
         if isinstance(cur, OSError) and cur.errno == errno.ENFILE:
             return "too many open files in the system: the system's limit, not Redis"
-        if isinstance(cur, BaseExceptionGroup):
-            stack.extend(cur.exceptions)
-        stack.extend(nxt for nxt in (cur.__cause__, cur.__context__) if nxt is not None)
     return None
 
 
